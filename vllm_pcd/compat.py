@@ -1,0 +1,42 @@
+"""The vLLM versions this plugin is built and tested against.
+
+Every touch of vLLM internals is checked against this list first: on a version we have not
+tested, the plugin refuses to load with a clear message instead of silently degrading.
+"""
+
+from __future__ import annotations
+
+import sys
+
+SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
+
+
+class UnsupportedVLLMVersion(RuntimeError):
+    pass
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__.split("+")[0]
+
+
+def check_vllm_version() -> str:
+    version = vllm_version()
+    if version not in SUPPORTED_VLLM_VERSIONS:
+        raise UnsupportedVLLMVersion(
+            f"vllm-pcd supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)}; found {version}. "
+            "Install a supported vLLM or a vllm-pcd release that lists this version.")
+    return version
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["check"]:
+        print("usage: python -m vllm_pcd.compat check", file=sys.stderr)
+        return 2
+    print(f"vLLM {check_vllm_version()}: supported by vllm-pcd")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

