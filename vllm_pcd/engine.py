@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Sequence
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
+from vllm_pcd.engine_patches import group_args
 from vllm_pcd.plan import Plan
 
 
@@ -82,9 +83,9 @@ def prefill_params() -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
 
 
-def branch_params(code_ids: Sequence[int]) -> SamplingParams:
+def branch_params(code_ids: Sequence[int], group: dict[str, Any] | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          logprob_token_ids=list(code_ids))
+                          logprob_token_ids=list(code_ids), extra_args=group)
 
 
 def _prompt(ids: Sequence[int], cache_salt: str | None) -> TokensPrompt:
@@ -134,12 +135,14 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                                            prefill_params(), f"{rid}-ctx"))
     mid = time.perf_counter()
     outputs: list[Any] = []
-    for chunk in _chunks(len(plan.fields), branches_per_batch):
+    for number, chunk in enumerate(_chunks(len(plan.fields), branches_per_batch)):
+        batch = group_args(f"{rid}-b{number}", len(chunk))
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_final(engine.generate(
-                _prompt(plan.branch_ids(i), cache_salt), branch_params(plan.fields[i].code_ids),
-                f"{rid}-f{i}"))) for i in chunk]
+                _prompt(plan.branch_ids(i), cache_salt),
+                branch_params(plan.fields[i].code_ids, batch), f"{rid}-f{i}")))
+                for i in chunk]
         outputs += [t.result() for t in tasks]
     end = time.perf_counter()
     branches = tuple(_report(o, f.code_ids) for o, f in zip(outputs, plan.fields))

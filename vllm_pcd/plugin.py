@@ -1,12 +1,12 @@
 """`vllm.general_plugins` entry: runs in every vLLM process (API server, engine core, worker).
 
-It refuses an untested vLLM version before any request is served.
+It refuses an untested vLLM version, then installs the engine-side changes PCD relies on.
 """
 
 from __future__ import annotations
 
-from vllm_pcd.compat import check_vllm_version
+from vllm_pcd import engine_patches
 
 
 def register() -> None:
-    check_vllm_version()
+    engine_patches.apply()

@@ -1,0 +1,62 @@
+import os
+
+import pytest
+
+from vllm_pcd.models import default_model_path
+
+SUPPORT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "enum": ["billing", "technical", "shipping", "account"],
+                  "description": "The main issue in the message"},
+        "refund_requested": {"type": "boolean",
+                             "description": "Whether the customer asks for a refund"},
+    },
+    "required": ["topic", "refund_requested"],
+    "additionalProperties": False,
+}
+
+SIX_FIELD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "enum": ["billing", "technical", "shipping", "account"]},
+        "sentiment": {"type": "string", "enum": ["positive", "negative", "neutral"],
+                      "description": "Overall tone of the customer"},
+        "urgent": {"type": "boolean", "description": "Whether the customer needs help today"},
+        "refund_requested": {"type": "boolean"},
+        "channel": {"type": "string", "enum": ["email", "phone", "chat", "unknown"]},
+        "language": {"type": "string", "enum": ["English", "Español", "Deutsch"]},
+    },
+    "required": ["topic", "sentiment", "urgent", "refund_requested", "channel", "language"],
+    "additionalProperties": False,
+}
+
+MESSAGE = "I was charged twice. Please refund the duplicate charge."
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    path = default_model_path()
+    if not (path / "config.json").exists():
+        pytest.fail(f"default model missing at {path}: run scripts/setup.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@pytest.fixture(scope="session")
+def fp32_llm(model_path):
+    """One in-process FP32 engine for the whole session (startup dominates test time)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    llm = LLM(str(model_path), dtype="float32", enable_prefix_caching=True,
+              disable_log_stats=False, max_model_len=4096, seed=0)
+    yield llm
+    del llm

@@ -1,0 +1,84 @@
+"""Planner: shared context, branch suffixes and in-context single-token codes."""
+
+import pytest
+
+from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from vllm_pcd.plan import build_plan, choose_codes, instruction_text, with_instruction
+from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema
+
+
+def test_plan_codes_are_single_distinct_tokens_in_context(tokenizer):
+    plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
+                      [{"role": "user", "content": MESSAGE}])
+    for fp in plan.fields:
+        assert len(set(fp.code_ids)) == len(fp.field.options)
+        for code, code_id in zip(fp.codes, fp.code_ids):
+            text = tokenizer.decode(list(fp.suffix_ids)) + code
+            assert tokenizer.encode(text, add_special_tokens=False) == [*fp.suffix_ids, code_id]
+
+
+def test_shared_context_is_the_rendered_chat_with_the_field_list(tokenizer):
+    spec = parse_schema(SUPPORT_SCHEMA)
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
+    text = tokenizer.decode(list(plan.shared_ids))
+    assert MESSAGE in text and "topic (The main issue in the message): A = billing" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert plan.branch_ids(1)[: len(plan.shared_ids)] == list(plan.shared_ids)
+    assert tokenizer.decode(list(plan.fields[1].suffix_ids)) == "refund_requested:"
+
+
+def test_booleans_use_natural_words(tokenizer):
+    field = FieldSpec("urgent", "boolean", (True, False))
+    codes, ids = choose_codes(tokenizer, field)
+    assert codes == (" true", " false") and len(set(ids)) == 2
+
+
+class SplittingTokenizer:
+    """Merges a space with the following lowercase letter into one token, but leaves a space
+    before a capital as its own token: capital-letter codes split, forcing the fallback."""
+
+    def encode(self, text, add_special_tokens=False):
+        out = []
+        for i, ch in enumerate(text):
+            if ch.islower() and i and text[i - 1] == " ":
+                out[-1] = 2000 + ord(ch)
+            else:
+                out.append(ord(ch))
+        return out
+
+
+def test_code_alphabet_falls_back_when_letters_split():
+    field = FieldSpec("x", "enum", ("a", "b", "c"))
+    codes, ids = choose_codes(SplittingTokenizer(), field)
+    assert codes == (" a", " b", " c") and ids == (2097, 2098, 2099)
+
+
+def test_too_many_options_for_every_alphabet_is_a_clear_error():
+    field = FieldSpec("x", "enum", tuple(f"v{i}" for i in range(120)))
+    with pytest.raises(SchemaError, match="sequence"):
+        choose_codes(SplittingTokenizer(), field)
+
+
+def test_prompt_token_limit(tokenizer):
+    with pytest.raises(SchemaError) as info:
+        build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA),
+                   [{"role": "user", "content": "word " * 5000}])
+    assert info.value.rule == "max_prompt_tokens"
+    build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA),
+               [{"role": "user", "content": "word " * 5000}], Limits(max_prompt_tokens=8000))
+
+
+def test_instruction_joins_the_last_user_turn_or_adds_one():
+    assert with_instruction([{"role": "user", "content": "hi"}], "Q")[-1]["content"] == "hi\n\nQ"
+    msgs = with_instruction([{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "yo"}], "Q")
+    assert msgs[-1] == {"role": "user", "content": "Q"} and len(msgs) == 3
+
+
+def test_instruction_lists_every_option_with_its_code():
+    field = FieldSpec("color", "enum", ("red", "green"), "Main colour")
+    assert instruction_text([(field, (" A", " B"))]).endswith(
+        "- color (Main colour): A = red, B = green")
+    flag = FieldSpec("ok", "boolean", (True, False))
+    assert instruction_text([(flag, (" true", " false"))]).endswith("- ok: true, false")
+    assert instruction_text([(flag, (" yes", " no"))]).endswith("- ok: yes = true, no = false")
