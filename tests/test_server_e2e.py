@@ -1,0 +1,73 @@
+"""`vllm serve` with the plugin, as a user runs it, driven by the openai client."""
+
+import json
+
+import openai
+import pytest
+
+from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from vllm_pcd.launch import serve
+
+
+@pytest.fixture(scope="module")
+def client(model_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "vllm.log"
+    with serve(model_path, args=["--dtype", "bfloat16", "--max-model-len", "4096"],
+               log_path=log) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def pcd(client, schema, content=MESSAGE, **extra):
+    return client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": content}],
+        extra_body={"chat_template_kwargs": {"pcd_schema": schema}, **extra})
+
+
+@pytest.mark.parametrize("schema", [SUPPORT_SCHEMA, SIX_FIELD_SCHEMA], ids=["2-field", "6-field"])
+def test_pcd_answers_a_typed_object_with_diagnostics(client, schema):
+    response = pcd(client, schema)
+    obj = json.loads(response.choices[0].message.content)
+    assert list(obj) == list(schema["properties"])
+    for name, prop in schema["properties"].items():
+        if prop.get("type") == "boolean":
+            assert isinstance(obj[name], bool)
+        else:
+            assert obj[name] in prop["enum"]
+    diag = response.model_extra["pcd"]
+    assert diag["mode"] == "token" and diag["calibrated"] is False
+    assert diag["backbone_calls"] == 2
+    for name, field in diag["fields"].items():
+        assert field["value"] == obj[name]
+        probs = [c["probability"] for c in field["candidates"]]
+        assert abs(sum(probs) - 1) < 1e-6 and field["margin"] >= 0
+    assert response.usage.prompt_tokens == diag["tokens"]["ideal"]
+    assert response.choices[0].finish_reason == "stop"
+
+
+def test_invalid_schema_is_a_400_and_the_server_stays_up(client):
+    bad = dict(SUPPORT_SCHEMA, additionalProperties=True)
+    with pytest.raises(openai.BadRequestError) as info:
+        pcd(client, bad)
+    error = info.value.body
+    assert "additionalProperties" in error["message"]
+    assert info.value.status_code == 400
+    with pytest.raises(openai.BadRequestError, match="pcd_schema must be a JSON object"):
+        pcd(client, ["not", "an", "object"])
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        pcd(client, SUPPORT_SCHEMA, stream=True)
+    assert json.loads(pcd(client, SUPPORT_SCHEMA).choices[0].message.content)
+
+
+def test_plain_chat_is_answered_by_vllm_as_without_the_plugin(client, model_path):
+    """Greedy output through the plugin's route equals stock vLLM's (same engine, same
+    request): the route must hand non-PCD requests over untouched."""
+    request = dict(model=client.models.list().data[0].id, max_tokens=12, temperature=0,
+                   messages=[{"role": "user", "content": "Name a colour."}])
+    through_plugin = client.chat.completions.create(**request)
+    assert through_plugin.model_extra.get("pcd") is None
+    with serve(model_path, args=["--dtype", "bfloat16", "--max-model-len", "4096"],
+               plugins=None) as url:
+        stock = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        without = stock.chat.completions.create(**request)
+    assert through_plugin.choices[0].message.content == without.choices[0].message.content
+    assert through_plugin.usage.prompt_tokens == without.usage.prompt_tokens
