@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Sequence
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
-from vllm_pcd.engine_patches import group_args
+from vllm_pcd.internals.admission import group_args
 from vllm_pcd.plan import Plan
 
 

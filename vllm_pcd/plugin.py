@@ -5,8 +5,8 @@ It refuses an untested vLLM version, then installs the engine-side changes PCD r
 
 from __future__ import annotations
 
-from vllm_pcd import engine_patches
+from vllm_pcd import internals
 
 
 def register() -> None:
-    engine_patches.apply()
+    internals.apply()

@@ -1,6 +1,4 @@
-"""Engine-side changes to vLLM's scheduler. The only module that patches vLLM internals.
-
-Branch admission as a group: the API server submits a PCD request's branches one after the
+"""Branch admission as a group: the API server submits a PCD request's branches one after the
 other; the engine core may start a step after the first arrived and before the last, which
 splits the branches over several backbone calls. Branches tagged with
 `extra_args={"pcd_group": id, "pcd_group_size": n}` are held at admission until all n have
@@ -15,14 +13,9 @@ import functools
 import time
 from typing import Any
 
-from vllm_pcd.compat import check_vllm_version
-
 GROUP_KEY = "pcd_group"
 GROUP_SIZE_KEY = "pcd_group_size"
 GROUP_WAIT_S = 2.0
-
-_applied = False
-
 
 def group_args(group: str, size: int) -> dict[str, Any]:
     return {GROUP_KEY: group, GROUP_SIZE_KEY: size}
@@ -88,12 +81,6 @@ def _patch_scheduler(scheduler_cls: Any) -> None:
 
 
 def apply() -> None:
-    """Idempotent; refuses an untested vLLM version before touching anything."""
-    global _applied
-    if _applied:
-        return
-    check_vllm_version()
     from vllm.v1.core.sched.scheduler import Scheduler
 
     _patch_scheduler(Scheduler)
-    _applied = True
