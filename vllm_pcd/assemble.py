@@ -27,6 +27,7 @@ class FieldResult:
     field: FieldSpec
     scores: tuple[float, ...]  # log-probability of each option over the allowed set
     extra: dict[str, Any] = field(default_factory=dict)  # mode-specific diagnostics
+    candidate_extra: tuple[dict[str, Any], ...] = ()     # per option, likewise
 
     @property
     def best_index(self) -> int:
@@ -49,8 +50,9 @@ class FieldResult:
         return {
             "value": self.value,
             "candidates": [
-                {"value": option, "score": score, "probability": math.exp(score)}
-                for option, score in zip(self.field.options, self.scores)
+                {"value": option, "score": score, "probability": math.exp(score), **more}
+                for option, score, more in zip(self.field.options, self.scores,
+                                               self.candidate_extra or [{}] * len(self.scores))
             ],
             "margin": self.margin,
             **self.extra,
@@ -58,12 +60,14 @@ class FieldResult:
 
 
 def field_result(field: FieldSpec, raw_logprobs: Sequence[float],
-                 extra: dict[str, Any] | None = None) -> FieldResult:
+                 extra: dict[str, Any] | None = None,
+                 candidate_extra: Sequence[dict[str, Any]] = ()) -> FieldResult:
     """Renormalise engine log-probabilities over the field's options."""
     if len(raw_logprobs) != len(field.options):
         raise ValueError(f"{field.name}: {len(raw_logprobs)} scores for "
                          f"{len(field.options)} options")
-    return FieldResult(field, tuple(log_softmax(raw_logprobs)), dict(extra or {}))
+    return FieldResult(field, tuple(log_softmax(raw_logprobs)), dict(extra or {}),
+                       tuple(candidate_extra))
 
 
 def validate_object(schema: SchemaSpec, obj: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 Both the offline `vllm.LLM` and the server's `EngineClient` go through the same two steps:
 1. one request over the shared context, so its KV blocks are in the prefix cache;
-2. every branch (shared context + the field's own tokens) submitted together, one token of
-   output each, asking the engine for the log-probabilities of exactly the option codes.
+2. every scoring request of the plan (shared context + a branch's tokens) submitted together,
+   one token of output each, asking the engine for the log-probabilities of exactly the
+   tokens to score (option codes in token mode, trie children in sequence mode).
 What the engine reports (cached tokens, the step each request ran in) is turned into the
 token accounting and the backbone-call count; nothing here is assumed.
 """
@@ -20,7 +21,8 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from vllm_pcd.internals.admission import group_args
-from vllm_pcd.plan import Plan
+from vllm_pcd.internals.fork import fork_args
+from vllm_pcd.plan import Plan, Scoring
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class RequestReport:
 @dataclass(frozen=True)
 class Execution:
     prefill: RequestReport
-    branches: tuple[RequestReport, ...]
+    branches: tuple[RequestReport, ...]  # one per `Plan.scorings()` entry, in order
     prefill_s: float
     branches_s: float
 
@@ -56,20 +58,16 @@ class Execution:
             return None
         return len(set(stamps))
 
-    def code_logprobs(self, index: int, code_ids: Sequence[int]) -> list[float]:
-        got = self.branches[index].logprobs
-        missing = [t for t in code_ids if t not in got]
-        if missing:
-            raise RuntimeError(f"engine returned no log-probability for token(s) {missing}")
-        return [got[t] for t in code_ids]
-
 
 def _report(output: Any, wanted: Sequence[int] = ()) -> RequestReport:
     completion = output.outputs[0]
     logprobs: dict[int, float] = {}
     if wanted:
         step = completion.logprobs[0] if completion.logprobs else {}
-        logprobs = {t: step[t].logprob for t in wanted if t in step}
+        missing = [t for t in wanted if t not in step]
+        if missing:
+            raise RuntimeError(f"engine returned no log-probability for token(s) {missing}")
+        logprobs = {t: step[t].logprob for t in wanted}
     metrics = output.metrics
     return RequestReport(
         prompt_tokens=len(output.prompt_token_ids),
@@ -79,13 +77,17 @@ def _report(output: Any, wanted: Sequence[int] = ()) -> RequestReport:
     )
 
 
-def prefill_params() -> SamplingParams:
-    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-
-
-def branch_params(code_ids: Sequence[int], group: dict[str, Any] | None = None) -> SamplingParams:
+def prefill_params(shared_len: int | None = None) -> SamplingParams:
+    """`shared_len` tags the request so the branches can fork its KV at that length."""
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          logprob_token_ids=list(code_ids), extra_args=group)
+                          extra_args=fork_args(shared_len) if shared_len else None)
+
+
+def branch_params(token_ids: Sequence[int], group: dict[str, Any] | None = None,
+                  shared_len: int | None = None) -> SamplingParams:
+    extra = {**(group or {}), **(fork_args(shared_len) if shared_len else {})}
+    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                          logprob_token_ids=list(token_ids), extra_args=extra or None)
 
 
 def _prompt(ids: Sequence[int], cache_salt: str | None) -> TokensPrompt:
@@ -95,24 +97,37 @@ def _prompt(ids: Sequence[int], cache_salt: str | None) -> TokensPrompt:
     return prompt
 
 
-def _chunks(n: int, size: int) -> list[range]:
-    return [range(start, min(start + size, n)) for start in range(0, n, size)]
+def microbatches(scorings: Sequence[Scoring], units_per_batch: int) -> list[list[int]]:
+    """Consecutive groups of scoring indices, each completing at most `units_per_batch`
+    branches (or candidates); requests that complete none ride with the current group."""
+    batches: list[list[int]] = [[]]
+    units = 0
+    for i, scoring in enumerate(scorings):
+        if batches[-1] and units + scoring.units > units_per_batch:
+            batches.append([])
+            units = 0
+        batches[-1].append(i)
+        units += scoring.units
+    return batches
 
 
 def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
                 cache_salt: str | None = None) -> Execution:
     """Blocking execution on a `vllm.LLM`."""
     start = time.perf_counter()
-    [prefill] = llm.generate([_prompt(plan.shared_ids, cache_salt)], prefill_params(),
+    shared_len = len(plan.shared_ids)
+    [prefill] = llm.generate([_prompt(plan.shared_ids, cache_salt)], prefill_params(shared_len),
                              use_tqdm=False)
     mid = time.perf_counter()
+    scorings = plan.scorings()
     outputs: list[Any] = []
-    for chunk in _chunks(len(plan.fields), branches_per_batch):
-        outputs += llm.generate([_prompt(plan.branch_ids(i), cache_salt) for i in chunk],
-                                [branch_params(plan.fields[i].code_ids) for i in chunk],
-                                use_tqdm=False)
+    for batch in microbatches(scorings, branches_per_batch):
+        outputs += llm.generate(
+            [_prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt) for i in batch],
+            [branch_params(scorings[i].token_ids, shared_len=shared_len) for i in batch],
+            use_tqdm=False)
     end = time.perf_counter()
-    branches = tuple(_report(o, f.code_ids) for o, f in zip(outputs, plan.fields))
+    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
     return Execution(_report(prefill), branches, mid - start, end - mid)
 
 
@@ -130,20 +145,22 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
     """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
     aborts every request still in flight: vLLM aborts a request whose stream is closed."""
     rid = request_id or f"pcd-{uuid.uuid4().hex}"
+    shared_len = len(plan.shared_ids)
     start = time.perf_counter()
     prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
-                                           prefill_params(), f"{rid}-ctx"))
+                                           prefill_params(shared_len), f"{rid}-ctx"))
     mid = time.perf_counter()
+    scorings = plan.scorings()
     outputs: list[Any] = []
-    for number, chunk in enumerate(_chunks(len(plan.fields), branches_per_batch)):
-        batch = group_args(f"{rid}-b{number}", len(chunk))
+    for number, batch in enumerate(microbatches(scorings, branches_per_batch)):
+        together = group_args(f"{rid}-b{number}", len(batch))
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_final(engine.generate(
-                _prompt(plan.branch_ids(i), cache_salt),
-                branch_params(plan.fields[i].code_ids, batch), f"{rid}-f{i}")))
-                for i in chunk]
+                _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
+                branch_params(scorings[i].token_ids, together, shared_len), f"{rid}-s{i}")))
+                for i in batch]
         outputs += [t.result() for t in tasks]
     end = time.perf_counter()
-    branches = tuple(_report(o, f.code_ids) for o, f in zip(outputs, plan.fields))
+    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
     return Execution(_report(prefill), branches, mid - start, end - mid)

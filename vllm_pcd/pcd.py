@@ -11,8 +11,9 @@ from typing import Any
 
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
 from vllm_pcd.engine import Execution, run_offline, run_online
-from vllm_pcd.plan import Plan, build_plan
-from vllm_pcd.schema import Limits, SchemaSpec, parse_schema
+from vllm_pcd.plan import FieldPlan, Plan, build_plan
+from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
+from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,6 @@ class PCDResult:
     plan: Plan
     execution: Execution
     plan_s: float
-    mode: str = "token"
 
     @property
     def content(self) -> str:
@@ -31,8 +31,9 @@ class PCDResult:
     def diagnostics(self) -> dict[str, Any]:
         ex = self.execution
         shared = len(self.plan.shared_ids)
+        modes = {r.extra["mode"] for r in self.fields}
         return {
-            "mode": self.mode,
+            "mode": modes.pop() if len(modes) == 1 else "mixed",
             "calibrated": False,
             "backbone_calls": ex.backbone_calls,
             "tokens": {
@@ -51,16 +52,42 @@ class PCDResult:
         }
 
 
-def _results(plan: Plan, execution: Execution) -> tuple[FieldResult, ...]:
+def _token_result(fp: FieldPlan, got: dict[int, float]) -> FieldResult:
+    return field_result(fp.field, [got[t] for t in fp.code_ids],
+                        {"mode": "token", "codes": [c.strip() for c in fp.codes]})
+
+
+def _sequence_result(fp: SequenceFieldPlan, node_results: list[dict[int, float]],
+                     normalization: str) -> FieldResult:
+    sums = fp.candidate_logprobs(node_lookup(fp.nodes, node_results))
+    normalized = fp.scores(sums, normalization)
+    per_candidate = [{"logprob_sum": total, "tokens": fp.value_tokens(i),
+                      "normalized": normalized[i]} for i, total in enumerate(sums)]
+    return field_result(fp.field, normalized,
+                        {"mode": "sequence", "normalization": normalization}, per_candidate)
+
+
+def _results(plan: Plan, execution: Execution, normalization: str) -> tuple[FieldResult, ...]:
+    by_field: dict[int, list[dict[int, float]]] = {}
+    for scoring, report in zip(plan.scorings(), execution.branches):
+        by_field.setdefault(scoring.field_index, []).append(report.logprobs)
     return tuple(
-        field_result(fp.field, execution.code_logprobs(i, fp.code_ids),
-                     {"codes": [c.strip() for c in fp.codes]})
+        _token_result(fp, by_field[i][0]) if isinstance(fp, FieldPlan)
+        else _sequence_result(fp, by_field[i], normalization)
         for i, fp in enumerate(plan.fields))
 
 
-def finish(schema: SchemaSpec, plan: Plan, execution: Execution, plan_s: float) -> PCDResult:
-    results = _results(plan, execution)
+def finish(schema: SchemaSpec, plan: Plan, execution: Execution, plan_s: float,
+           normalization: str = "sum") -> PCDResult:
+    results = _results(plan, execution, normalization)
     return PCDResult(assemble(schema, results), results, plan, execution, plan_s)
+
+
+def check_normalization(normalization: str) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise SchemaError(f"pcd_normalization must be one of {list(NORMALIZATIONS)}",
+                          param="pcd_normalization", rule="normalization")
+    return normalization
 
 
 def as_messages(text_or_messages: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -70,27 +97,31 @@ def as_messages(text_or_messages: str | list[dict[str, Any]]) -> list[dict[str, 
 
 
 def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: dict[str, Any],
-                *, limits: Limits = Limits(), cache_salt: str | None = None,
+                *, mode: str = "token", normalization: str = "sum", limits: Limits = Limits(),
+                cache_salt: str | None = None,
                 template_kwargs: dict[str, Any] | None = None) -> PCDResult:
-    """Answer `schema` about a text (or a chat) with a `vllm.LLM`, by token-mode PCD."""
+    """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD. `mode` is the
+    default for fields without their own `x-pcd-mode`."""
     start = time.perf_counter()
     spec = parse_schema(schema, limits)
+    check_normalization(normalization)
     plan = build_plan(llm.get_tokenizer(), spec, as_messages(text_or_messages), limits,
-                      template_kwargs)
+                      template_kwargs, mode=mode)
     plan_s = time.perf_counter() - start
     execution = run_offline(llm, plan, branches_per_batch=limits.max_branches_per_batch,
                             cache_salt=cache_salt)
-    return finish(spec, plan, execution, plan_s)
+    return finish(spec, plan, execution, plan_s, normalization)
 
 
 async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[str, Any]],
-                             spec: SchemaSpec, *, limits: Limits,
+                             spec: SchemaSpec, *, limits: Limits, mode: str = "token",
+                             normalization: str = "sum",
                              template_kwargs: dict[str, Any] | None = None,
                              chat_template: str | None = None, request_id: str | None = None,
                              cache_salt: str | None = None) -> PCDResult:
     start = time.perf_counter()
-    plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template)
+    plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template, mode)
     plan_s = time.perf_counter() - start
     execution = await run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
                                  request_id=request_id, cache_salt=cache_salt)
-    return finish(spec, plan, execution, plan_s)
+    return finish(spec, plan, execution, plan_s, normalization)

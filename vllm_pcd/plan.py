@@ -1,9 +1,10 @@
-"""schema + conversation → token-level plan: the shared context and one short branch per field.
+"""schema + conversation → token-level plan: the shared context and short branches per field.
 
 The shared context is the conversation plus the field list, rendered by the model's own chat
 template up to the assistant's turn, so every branch starts from identical tokens and vLLM can
-compute them once. A branch is the start of the assistant's answer for one field
-(`name:`); its option codes are chosen so that each is exactly one token *in that context*.
+compute them once. A branch is the start of the assistant's answer for one field (`name:`).
+In token mode its option codes are chosen so that each is exactly one token *in that
+context*; in sequence mode (`vllm_pcd.sequence`) whole serialized values are scored.
 Only a tokenizer is needed here: this module knows nothing of vLLM or HTTP.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from vllm_pcd.schema import FieldSpec, Limits, SchemaError, SchemaSpec
+from vllm_pcd.schema import MODES, FieldSpec, Limits, SchemaError, SchemaSpec
+from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, serialize
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -25,7 +27,7 @@ _BOOLEAN_ALPHABETS: tuple[tuple[str, str], ...] = ((" true", " false"), (" yes",
                                                    (" A", " B"))
 
 INSTRUCTION_HEADER = ("Answer about the conversation above. For each field below, choose "
-                      "exactly one option and answer with its code.")
+                      "exactly one option; where options have codes, answer with the code.")
 
 
 class Tokenizer(Protocol):
@@ -38,36 +40,74 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class FieldPlan:
+    """A token-mode field: one branch, one next-token distribution over its codes."""
+
     field: FieldSpec
     suffix_ids: tuple[int, ...]  # the branch's own tokens, after the shared context
     codes: tuple[str, ...]       # code text per option, in schema order
     code_ids: tuple[int, ...]    # the single token each code adds in context
 
 
+AnyFieldPlan = FieldPlan | SequenceFieldPlan
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """One engine request: the branch tokens after the shared context, and the tokens whose
+    log-probabilities are wanted at the next position."""
+
+    field_index: int
+    suffix_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    units: int  # branches (token fields) or candidates (sequence) it completes
+
+
 @dataclass(frozen=True)
 class Plan:
     shared_ids: tuple[int, ...]
-    fields: tuple[FieldPlan, ...]
+    fields: tuple[AnyFieldPlan, ...]
 
     def branch_ids(self, index: int) -> list[int]:
-        return [*self.shared_ids, *self.fields[index].suffix_ids]
+        """The whole prompt of token-mode field `index`'s branch."""
+        fp = self.fields[index]
+        if not isinstance(fp, FieldPlan):
+            raise TypeError(f"{fp.field.name} is a sequence-mode field: it has one branch per "
+                            "trie node, see scorings()")
+        return [*self.shared_ids, *fp.suffix_ids]
+
+    def scorings(self) -> list[Scoring]:
+        out = []
+        for i, fp in enumerate(self.fields):
+            if isinstance(fp, FieldPlan):
+                out.append(Scoring(i, fp.suffix_ids, fp.code_ids, 1))
+            else:
+                out += [Scoring(i, n.prefix, n.children, n.units) for n in fp.nodes]
+        return out
 
     @property
     def branch_tokens(self) -> int:
-        return sum(len(f.suffix_ids) for f in self.fields)
+        """Distinct token positions the branches add to the shared context: the least any
+        execution must compute beyond it."""
+        positions = {(s.field_index, s.suffix_ids[:j + 1])
+                     for s in self.scorings() for j in range(len(s.suffix_ids))}
+        return len(positions)
 
 
-def _option_label(field: FieldSpec, code: str, option: Any) -> str:
+def _option_label(field: FieldSpec, code: str | None, option: Any) -> str:
+    if code is None:
+        return serialize(option).strip()
     value = "true" if option is True else "false" if option is False else option
     return value if field.kind == "boolean" and code.strip() == value else f"{code.strip()} = {value}"
 
 
-def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str]]]) -> str:
-    """The field list appended to the conversation; shared by every branch."""
+def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]]) -> str:
+    """The field list appended to the conversation; shared by every branch. Token-mode fields
+    show their codes; sequence-mode fields (codes None) show their JSON values."""
     lines = [INSTRUCTION_HEADER]
     for field, codes in fields:
         about = f" ({field.description})" if field.description else ""
-        options = ", ".join(_option_label(field, c, o) for c, o in zip(codes, field.options))
+        shown_codes = codes if codes is not None else [None] * len(field.options)
+        options = ", ".join(_option_label(field, c, o) for c, o in zip(shown_codes, field.options))
         lines.append(f"- {field.name}{about}: {options}")
     return "\n".join(lines)
 
@@ -126,19 +166,39 @@ def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str,
+                limits: Limits) -> AnyFieldPlan:
+    if mode == "token":
+        codes, ids = choose_codes(tokenizer, field)
+        suffix = tokenizer.encode(branch_text(field), add_special_tokens=False)
+        return FieldPlan(field, tuple(suffix), codes, ids)
+    try:
+        plan = build_sequence_field(tokenizer, field, branch_text(field))
+    except ValueError as err:
+        raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
+                          param=f"pcd_schema.properties.{field.name}", rule="candidates")
+    for i, option in enumerate(field.options):
+        if plan.value_tokens(i) > limits.max_value_tokens:
+            raise SchemaError(
+                f"pcd_schema.properties.{field.name}.enum[{i}]: the serialized value takes "
+                f"{plan.value_tokens(i)} tokens; the limit is {limits.max_value_tokens}",
+                param=f"pcd_schema.properties.{field.name}", rule="max_value_tokens")
+    return plan
+
+
 def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
                limits: Limits = Limits(), template_kwargs: dict[str, Any] | None = None,
-               chat_template: str | None = None) -> Plan:
-    coded = [(field, *choose_codes(tokenizer, field)) for field in schema.fields]
-    instruction = instruction_text([(field, codes) for field, codes, _ in coded])
+               chat_template: str | None = None, mode: str = "token") -> Plan:
+    """`mode` is the request's default; a field's own `x-pcd-mode` wins."""
+    if mode not in MODES:
+        raise SchemaError(f"pcd_mode must be one of {list(MODES)}", param="pcd_mode", rule="mode")
+    fields = tuple(_field_plan(tokenizer, f, f.mode or mode, limits) for f in schema.fields)
+    instruction = instruction_text(
+        [(fp.field, fp.codes if isinstance(fp, FieldPlan) else None) for fp in fields])
     shared = render_ids(tokenizer, with_instruction(messages, instruction), template_kwargs,
                         chat_template)
-    fields = tuple(
-        FieldPlan(field, tuple(tokenizer.encode(branch_text(field), add_special_tokens=False)),
-                  codes, ids)
-        for field, codes, ids in coded)
     plan = Plan(tuple(shared), fields)
-    total = len(plan.shared_ids) + max(len(f.suffix_ids) + 1 for f in fields)
+    total = len(plan.shared_ids) + max(len(s.suffix_ids) + 1 for s in plan.scorings())
     if total > limits.max_prompt_tokens:
         raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "
                           f"is {limits.max_prompt_tokens}", param="messages",

@@ -22,13 +22,13 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
 from vllm_pcd.compat import check_vllm_version
-from vllm_pcd.pcd import constrained_online
-from vllm_pcd.schema import Limits, SchemaError, parse_schema, shown
+from vllm_pcd.pcd import check_normalization, constrained_online
+from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
 
 logger = logging.getLogger("vllm_pcd")
 
 CHAT_PATH = "/v1/chat/completions"
-PCD_KEYS = ("pcd_schema", "pcd_mode")
+PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization")
 # Chat-completion options that PCD cannot honour; refused rather than silently ignored.
 _UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
 
@@ -105,9 +105,10 @@ class PCDService:
         try:
             _refuse_unsupported(request)
             mode = kwargs.pop("pcd_mode", "token")
-            if mode != "token":
-                raise SchemaError(f"pcd_mode {shown(mode)} is not supported; use \"token\"",
+            if mode not in MODES:
+                raise SchemaError(f"pcd_mode must be one of {list(MODES)}, got {shown(mode)}",
                                   param="pcd_mode", rule="mode")
+            normalization = check_normalization(kwargs.pop("pcd_normalization", "sum"))
             spec = parse_schema(kwargs.pop("pcd_schema", None), self.limits)
             messages = plain_messages(request)
         except SchemaError as err:
@@ -116,8 +117,9 @@ class PCDService:
         try:
             result = await constrained_online(
                 self.engine, self.engine.get_tokenizer(), messages, spec, limits=self.limits,
-                template_kwargs=kwargs, chat_template=self.chat_template(),
-                request_id=request_id, cache_salt=request.cache_salt)
+                mode=mode, normalization=normalization, template_kwargs=kwargs,
+                chat_template=self.chat_template(), request_id=request_id,
+                cache_salt=request.cache_salt)
         except SchemaError as err:  # limits that depend on the tokenized prompt
             return error_response(HTTPStatus.BAD_REQUEST, str(err), param=err.param)
         except Exception as err:  # an engine fault fails this request only

@@ -1,0 +1,116 @@
+"""Sequence mode: whole serialized candidates, jointly tokenized, scored over a trie."""
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import MESSAGE
+from tests.test_fidelity import TOLERANCE
+from vllm_pcd import constrained
+from vllm_pcd.plan import FieldPlan, build_plan
+from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema
+from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, serialize
+
+TRICKY = {
+    "type": "object",
+    "properties": {
+        "payment_method": {"enum": ["credit_card", "credit_transfer", "debit_card", "paypal"]},
+        "status": {"enum": ["open 1", "open 2", "Closed", "not mentioned"],
+                   "description": "Ticket status"},
+        "language": {"enum": ["English", "Español", "日本語"]},
+        "refund_requested": {"type": "boolean"},
+    },
+    "required": ["payment_method", "status", "language", "refund_requested"],
+    "additionalProperties": False,
+}
+
+
+def test_serialized_candidates_end_with_a_newline():
+    assert serialize("billing") == ' "billing"\n'
+    assert serialize(True) == " true\n"
+    assert serialize("Español") == ' "Español"\n'
+
+
+def test_trie_scores_each_shared_token_once(tokenizer):
+    field = FieldSpec("payment_method", "enum", ("credit_card", "credit_transfer", "paypal"))
+    plan = build_sequence_field(tokenizer, field, "payment_method:")
+    for seq, start in zip(plan.candidates, plan.score_from):
+        assert tokenizer.decode(list(seq[start:])) == serialize(field.options[plan.candidates.index(seq)])
+    edges = {(n.prefix, c) for n in plan.nodes for c in n.children}
+    needed = {(seq[:j], seq[j]) for seq, s in zip(plan.candidates, plan.score_from)
+              for j in range(s, len(seq))}
+    assert edges == needed  # every scored edge appears in exactly one node
+    assert len(edges) == sum(len(n.children) for n in plan.nodes)
+    assert sum(n.units for n in plan.nodes) == 3
+    shared_first = plan.candidates[0][plan.score_from[0]]
+    assert shared_first == plan.candidates[1][plan.score_from[1]]  # ' "' or ' "credit'
+
+
+def test_candidates_are_tokenized_with_their_stem(tokenizer):
+    field = FieldSpec("x", "enum", ("a", "b"))
+    plan = build_sequence_field(tokenizer, field, "x:")
+    for option, seq in zip(field.options, plan.candidates):
+        assert list(seq) == tokenizer.encode("x:" + serialize(option), add_special_tokens=False)
+
+
+def test_mixed_modes_in_one_plan(tokenizer):
+    raw = dict(TRICKY)
+    raw["properties"] = dict(TRICKY["properties"])
+    raw["properties"]["refund_requested"] = {"type": "boolean", "x-pcd-mode": "token"}
+    plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}],
+                      mode="sequence")
+    kinds = [type(fp) for fp in plan.fields]
+    assert kinds == [SequenceFieldPlan] * 3 + [FieldPlan]
+    text = tokenizer.decode(list(plan.shared_ids))
+    assert '"credit_card", "credit_transfer"' in text and "refund_requested: true, false" in text
+
+
+def test_value_token_limit_is_checked_before_inference(tokenizer):
+    raw = {"type": "object", "required": ["x"], "additionalProperties": False,
+           "properties": {"x": {"enum": ["word " * 40, "short"]}}}
+    with pytest.raises(SchemaError) as info:
+        build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": "hi"}],
+                   Limits(max_value_tokens=16), mode="sequence")
+    assert info.value.rule == "max_value_tokens"
+
+
+def reference_sequence_logprobs(model, shared, plan: SequenceFieldPlan):
+    sums = []
+    for seq, start in zip(plan.candidates, plan.score_from):
+        ids = list(shared) + list(seq)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        offset = len(shared)
+        sums.append(sum(logp[offset + j - 1, seq[j]].item() for j in range(start, len(seq))))
+    return sums
+
+
+def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model):
+    result = constrained(fp32_llm, MESSAGE, TRICKY, mode="sequence", cache_salt="seq-fidelity")
+    diag = result.diagnostics()
+    assert diag["mode"] == "sequence"
+    calls = result.execution.backbone_calls
+    total_candidates = sum(len(p["enum"]) if "enum" in p else 2
+                           for p in TRICKY["properties"].values())
+    assert calls <= 1 + math.ceil(total_candidates / 32)
+    for fp, fr in zip(result.plan.fields, result.fields):
+        expected = reference_sequence_logprobs(reference_model, result.plan.shared_ids, fp)
+        got = [c["logprob_sum"] for c in fr.diagnostics()["candidates"]]
+        worst = max(abs(a - b) for a, b in zip(got, expected))
+        assert worst < TOLERANCE, f"{fp.field.name}: {got} vs {expected}"
+        assert fr.value == fp.field.options[max(range(len(got)), key=got.__getitem__)]
+
+
+def test_mean_normalisation_divides_by_value_tokens(fp32_llm):
+    result = constrained(fp32_llm, MESSAGE, TRICKY, mode="sequence", normalization="mean")
+    for fr in result.fields:
+        for c in fr.diagnostics()["candidates"]:
+            assert c["normalized"] == pytest.approx(c["logprob_sum"] / c["tokens"])
+
+
+@pytest.fixture(scope="module")
+def reference_model(model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
