@@ -1,0 +1,362 @@
+"""Latency of every method against one server, over schema sizes and context lengths.
+
+    python -m benchmarks.bench_latency [--quick] [--url URL] [--model PATH]
+
+Each (fields, context) cell builds one synthetic support ticket and schema, warms every
+method once on it (unmeasured: pays compilation and grammar set-up), then times `--reps`
+rounds, each call under a fresh cache salt so no call reuses another's KV blocks.
+Results (JSON + PNG) go to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmarks.methods import (ANSWERING, METHODS, Client, Outcome, Task, load_tokenizer,
+                                make_task, provenance, run_method, server, serving_note)
+from benchmarks.metrics import is_schema_valid, median, p90
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BASELINE = "pcd_token"
+
+# (name, description, options); booleans have no options.
+_ENUMS = [
+    ("topic", "The main issue", ["billing", "technical", "shipping", "account"]),
+    ("sentiment", "Overall tone of the customer", ["positive", "neutral", "negative"]),
+    ("priority", "How urgently support should act", ["low", "medium", "high", "critical"]),
+    ("product", "Device the ticket is about",
+     ["router", "modem", "mesh_extender", "set_top_box", "phone"]),
+    ("channel", "How the customer wants to be contacted", ["email", "phone", "chat"]),
+    ("customer_tier", "Plan the customer is on", ["free", "basic", "premium", "enterprise"]),
+    ("register", "Language register of the message", ["formal", "casual", "angry"]),
+    ("resolution", "What the customer asks for",
+     ["refund", "replacement", "repair", "explanation", "escalation"]),
+    ("region", "Where the customer lives", ["north", "south", "east", "west"]),
+    ("payment_method", "Payment method mentioned",
+     ["credit_card", "debit_card", "paypal", "bank_transfer"]),
+    ("contract", "Contract length", ["monthly", "yearly", "two_year"]),
+    ("issue_age", "When the problem started", ["today", "this_week", "this_month", "older"]),
+    ("device_os", "Operating system mentioned", ["windows", "macos", "linux", "android", "ios"]),
+    ("next_step", "What support should do next", ["reply", "call", "visit", "close"]),
+    ("tone_needed", "Tone the reply should take", ["apologetic", "informative", "firm"]),
+    ("department", "Team that should own the ticket",
+     ["support", "sales", "billing_team", "logistics", "legal"]),
+]
+_BOOLEANS = [
+    ("refund_requested", "Whether the customer asks for a refund"),
+    ("is_urgent", "Whether the customer says it is urgent"),
+    ("mentions_competitor", "Whether another provider is named"),
+    ("wants_callback", "Whether the customer asks to be called back"),
+    ("repeat_contact", "Whether the customer contacted support before about this"),
+    ("threatens_cancellation", "Whether the customer threatens to cancel"),
+    ("legal_action", "Whether legal steps are mentioned"),
+    ("has_order_number", "Whether an order number is given"),
+    ("asks_for_manager", "Whether the customer asks for a manager"),
+    ("praises_agent", "Whether a support agent is praised"),
+    ("reports_outage", "Whether a service outage is reported"),
+    ("security_concern", "Whether account security is a concern"),
+    ("business_customer", "Whether the customer writes for a business"),
+    ("wants_discount", "Whether a discount is requested"),
+    ("has_deadline", "Whether a deadline is mentioned"),
+    ("has_attachment", "Whether the customer refers to an attachment"),
+]
+_SENTENCES = [
+    "My router keeps dropping the connection every evening around eight.",
+    "I have already restarted it three times today and nothing changed.",
+    "This is the second time this month I am writing to you about it.",
+    "My order number is 48213 and the device arrived last Tuesday.",
+    "I work from home, so a stable connection is essential for my job.",
+    "Your competitor offered me a faster plan for less money.",
+    "The invoice for March shows a charge I do not recognise.",
+    "I paid with my credit card as usual, but the amount is higher.",
+    "The agent I spoke to on the phone yesterday was very kind and patient.",
+    "Still, the problem is not solved and I am running out of patience.",
+    "Please call me back tomorrow morning if you can.",
+    "If this is not fixed by Friday I will cancel my contract.",
+    "The lights on the modem blink orange and then turn off.",
+    "My laptop runs Windows and the phone is an Android device.",
+    "I attached a screenshot of the error message to this email.",
+    "We are a small business with five employees depending on this line.",
+    "I would appreciate a discount for the days without service.",
+    "Nobody in my street seems to have internet since this morning.",
+    "I changed my password after a strange login notification.",
+    "The set-top box also freezes when I switch channels.",
+    "I am on the premium plan and expected better support.",
+    "I would like a replacement device rather than another repair visit.",
+    "The technician said the cable in the basement might be damaged.",
+    "I have been a loyal customer for more than ten years.",
+]
+
+
+def synthetic_schema(n_fields: int) -> dict[str, Any]:
+    """Enum and boolean fields alternating, enums of 3-5 values, each with a description."""
+    if n_fields > len(_ENUMS) + len(_BOOLEANS):
+        raise ValueError(f"at most {len(_ENUMS) + len(_BOOLEANS)} synthetic fields")
+    properties = {}
+    for i in range(n_fields):
+        if i % 2 == 0:
+            name, about, options = _ENUMS[i // 2]
+            properties[name] = {"type": "string", "enum": options, "description": about}
+        else:
+            name, about = _BOOLEANS[i // 2]
+            properties[name] = {"type": "boolean", "description": about}
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
+def synthetic_ticket(tokenizer: Any, n_tokens: int, seed: int = 0) -> str:
+    """Support-ticket sentences in a seeded random order until about `n_tokens` tokens."""
+    rng = random.Random(seed)
+    sentences: list[str] = []
+    while len(tokenizer.encode(" ".join(sentences), add_special_tokens=False)) < n_tokens:
+        pool = list(_SENTENCES)
+        rng.shuffle(pool)
+        for sentence in pool:
+            sentences.append(sentence)
+            if len(tokenizer.encode(" ".join(sentences), add_special_tokens=False)) >= n_tokens:
+                break
+    return " ".join(sentences)
+
+
+def summarize(outcomes: list[Outcome], schema: dict[str, Any], answers: bool) -> dict[str, Any]:
+    failed = [o.status for o in outcomes if not o.ok]
+    good = [o for o in outcomes if o.ok]
+    latencies = [o.latency_s for o in good]
+
+    def middle(values: list[int | None]) -> float | None:
+        return None if not values or None in values else median(values)
+
+    return {
+        "status": failed[0] if failed else "ok",
+        "runs": len(good),
+        "latency_s": latencies,
+        "median_s": median(latencies),
+        "p90_s": p90(latencies),
+        "tokens_computed": middle([o.tokens_computed for o in good]),
+        "backbone_calls": middle([o.backbone_calls for o in good]),
+        "schema_valid": (all(is_schema_valid(schema, o.object) for o in good) if answers
+                         else None),
+    }
+
+
+async def measure_cell(client: Client, task: Task, methods: list[str], reps: int,
+                       bar: tqdm) -> dict[str, dict[str, Any]]:
+    warm = {}
+    for name in methods:
+        warm[name] = await run_method(name, client, task)
+        bar.update()
+    runs: dict[str, list[Outcome]] = {name: [] for name in methods}
+    live = [m for m in methods if not warm[m].status.startswith("unsupported")]
+    bar.update((len(methods) - len(live)) * reps)
+    for rep in range(reps):
+        # Rotate the order each round so slow drifts on a shared machine hit every method.
+        shift = rep % max(len(live), 1)
+        for name in live[shift:] + live[:shift]:
+            runs[name].append(await run_method(name, client, task))
+            bar.update()
+    summary = {}
+    for name in methods:
+        outcomes = runs[name] if name in live else [warm[name]]
+        summary[name] = summarize(outcomes, task.schema, name in ANSWERING)
+    base = summary.get(BASELINE, {}).get("median_s")
+    for row in summary.values():
+        row["ratio"] = (row["median_s"] / base if base and row["median_s"] is not None
+                        else None)
+    return summary
+
+
+async def concurrency_sweep(client: Client, task: Task, levels: list[int], reps: int,
+                            bar: tqdm) -> list[dict[str, Any]]:
+    """`level` PCD token requests at once, `reps` waves: throughput and per-request latency."""
+    rows = []
+    for level in levels:
+        outcomes: list[Outcome] = []
+        start = time.perf_counter()
+        for _ in range(reps):
+            outcomes += await asyncio.gather(*(run_method(BASELINE, client, task)
+                                               for _ in range(level)))
+            bar.update(level)
+        wall = time.perf_counter() - start
+        latencies = [o.latency_s for o in outcomes if o.ok]
+        rows.append({"concurrency": level, "requests": len(outcomes),
+                     "failed": len(outcomes) - len(latencies), "wall_s": wall,
+                     "req_per_s": len(latencies) / wall, "median_s": median(latencies),
+                     "p90_s": p90(latencies)})
+    return rows
+
+
+def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+
+    contexts = sorted({c["context_tokens"] for c in cells})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5 * len(contexts), 4), squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        mine = sorted((c for c in cells if c["context_tokens"] == ctx), key=lambda c: c["fields"])
+        for name in methods:
+            points = [(c["fields"], c["methods"][name]["median_s"]) for c in mine
+                      if c["methods"][name]["median_s"] is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=name)
+        ax.set(title=f"context ≈ {ctx} tokens", xlabel="fields", ylabel="median latency (s)",
+               xscale="log", yscale="log")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks([c["fields"] for c in mine], [str(c["fields"]) for c in mine])
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"vllm-pcd latency per method, lower is better\n{title}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _cell_text(row: dict[str, Any]) -> str:
+    if row["status"].startswith("unsupported"):
+        return "unsupported"
+    if row["median_s"] is None:
+        return "error"
+    ratio = f" x{row['ratio']:.2f}" if row["ratio"] is not None else ""
+    return f"{row['median_s']:.3f}s{ratio}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def table(results: dict[str, Any]) -> str:
+    methods = results["methods"]
+    width = max(14, *(len(m) for m in methods))
+    head = f"{'fields':>6} {'ctx':>5} {'shared':>6} " + " ".join(f"{m:>{width}}" for m in methods)
+    lines = ["median latency and ratio to pcd_token", head]
+    for cell in results["cells"]:
+        lead = f"{cell['fields']:>6} {cell['context_tokens']:>5} {cell['shared_tokens']:>6} "
+        lines.append(lead + " ".join(f"{_cell_text(cell['methods'][m]):>{width}}"
+                                     for m in methods))
+    lines += ["", "tokens computed / backbone calls (median; - = not observable)", head]
+    for cell in results["cells"]:
+        lead = f"{cell['fields']:>6} {cell['context_tokens']:>5} {cell['shared_tokens']:>6} "
+        lines.append(lead + " ".join(
+            f"{_num(r['tokens_computed']) + ' / ' + _num(r['backbone_calls']):>{width}}"
+            for r in (cell["methods"][m] for m in methods)))
+    lines += ["", "concurrency sweep (pcd_token, "
+              f"{results['sweep']['fields']} fields, ctx ~{results['sweep']['context_tokens']})",
+              f"{'conc':>5} {'req/s':>7} {'median_s':>9} {'p90_s':>7} {'failed':>6}"]
+    for row in results["concurrency"]:
+        lines.append(f"{row['concurrency']:>5} {row['req_per_s']:>7.2f} "
+                     f"{_num(row['median_s'] and round(row['median_s'], 3)):>9} "
+                     f"{_num(row['p90_s'] and round(row['p90_s'], 3)):>7} {row['failed']:>6}")
+    notes = {m: s for cell in results["cells"] for m, r in cell["methods"].items()
+             if (s := r["status"]) != "ok"}
+    lines += [f"{m}: {s}" for m, s in notes.items()]
+    lines.append(results["serving"])
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
+    tokenizer = load_tokenizer(args.model)
+    client = await Client(url).connect()
+    grid = [(f, c) for c in args.contexts for f in args.fields]
+    total = (len(grid) * len(args.methods) * (args.reps + 1)
+             + sum(args.concurrency) * args.reps)
+    cells = []
+    try:
+        with tqdm(total=total, desc="bench", unit="call", file=sys.stderr) as bar:
+            for n_fields, ctx in grid:
+                ticket = synthetic_ticket(tokenizer, ctx, seed=ctx)
+                task = make_task(tokenizer, synthetic_schema(n_fields),
+                                 [{"role": "user", "content": ticket}])
+                bar.set_postfix_str(f"{n_fields} fields, ctx {ctx}")
+                cells.append({"fields": n_fields, "context_tokens": ctx,
+                              "shared_tokens": len(task.plan.shared_ids),
+                              "branch_tokens": task.plan.branch_tokens,
+                              "methods": await measure_cell(client, task, args.methods,
+                                                            args.reps, bar)})
+            sweep_task = make_task(tokenizer, synthetic_schema(args.sweep_fields),
+                                   [{"role": "user", "content": synthetic_ticket(
+                                       tokenizer, args.sweep_context, seed=args.sweep_context)}])
+            await run_method(BASELINE, client, sweep_task)  # warm this schema
+            bar.set_postfix_str("concurrency")
+            sweep = await concurrency_sweep(client, sweep_task, args.concurrency, args.reps, bar)
+    finally:
+        await client.close()
+    return {
+        "serving": serving,
+        "model": str(args.model),
+        "url": url,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "processor": platform.processor()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "code": provenance(),
+        "reps": args.reps,
+        "methods": args.methods,
+        "cells": cells,
+        "sweep": {"fields": args.sweep_fields, "context_tokens": args.sweep_context},
+        "concurrency": sweep,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from vllm_pcd.models import default_model_path
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_latency",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="attach to a running server instead of starting one "
+                        "(it must have the pcd plugin and the xgrammar flags of SERVER_ARGS)")
+    parser.add_argument("--model", default=str(default_model_path()),
+                        help="model folder (served, and its tokenizer builds the plans)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fields 1,3; context 100; 1 rep; concurrency 1,2")
+    parser.add_argument("--fields", type=int, nargs="+", default=[1, 3, 8, 16, 32])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[100, 300, 1000],
+                        help="approximate conversation tokens")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--sweep-fields", type=int, default=8)
+    parser.add_argument("--sweep-context", type=int, default=300)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--out", type=Path, help="output path without suffix "
+                        "(default benchmarks/results/latency[-quick])")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.fields, args.contexts, args.reps = [1, 3], [100], 1
+        args.concurrency, args.sweep_fields, args.sweep_context = [1, 2], 3, 100
+    if BASELINE not in args.methods:
+        args.methods.insert(0, BASELINE)
+    args.out = args.out or RESULTS / ("latency-quick" if args.quick else "latency")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    serving = serving_note(args.url)
+    print(serving, file=sys.stderr)
+    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
+        results = asyncio.run(run(args, url, serving))
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(results["cells"], args.methods, serving, args.out.with_suffix(".png"))
+    print(table(results))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Every method the benchmarks compare, as an HTTP client against one running server.
+
+All methods see the same conversation and the same field list, so differences come from how
+each one computes, not from what it is asked. Each call runs under its own fresh `cache_salt`,
+so no method ever starts from KV blocks another call (or an earlier repetition) left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import openai
+
+from vllm_pcd.plan import FieldPlan, Plan, build_plan, instruction_text, with_instruction
+from vllm_pcd.schema import SchemaSpec, parse_schema
+from vllm_pcd.sequence import node_lookup
+
+# The flags every benchmark server runs with: bf16 weights, cached-token counts in `usage`
+# (the client-side token accounting needs them) and the grammar backend for AR JSON.
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+SERVER_ARGS = ("--dtype", "bfloat16", "--enable-prompt-tokens-details",
+               "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
+
+AR_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
+             "fields below, each set to one of the values listed for it.")
+
+
+class Unsupported(Exception):
+    """The server cannot run this method; reported, never fatal."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One question set: the conversation, the schema, and the token plan PCD computes."""
+
+    messages: list[dict[str, Any]]
+    schema: dict[str, Any]
+    spec: SchemaSpec
+    plan: Plan
+
+
+def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]]) -> Task:
+    spec = parse_schema(schema)
+    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages))
+
+
+def load_tokenizer(model: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model))
+
+
+@dataclass
+class Outcome:
+    """What one call of one method gave. `None` means not observable from the client."""
+
+    status: str  # "ok", "unsupported: …" or "error: …"
+    object: dict[str, Any] | None = None
+    latency_s: float | None = None
+    tokens_computed: int | None = None
+    backbone_calls: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Client:
+    """One OpenAI-compatible server: the async client plus the served model's name."""
+
+    def __init__(self, url: str, timeout_s: float = 600):
+        self.api = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="EMPTY",
+                                      max_retries=0, timeout=timeout_s)
+        self.model: str | None = None
+
+    async def connect(self) -> "Client":
+        self.model = (await self.api.models.list()).data[0].id
+        return self
+
+    async def close(self) -> None:
+        await self.api.close()
+
+
+def _computed(usage: Any) -> int | None:
+    """Prompt tokens the engine did not find in its prefix cache (needs
+    --enable-prompt-tokens-details; None when the server does not report them)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None)
+    return None if cached is None else usage.prompt_tokens - cached
+
+
+def _error_text(err: openai.APIStatusError) -> str:
+    body = err.body if isinstance(err.body, dict) else {}
+    body = body.get("error", body) if isinstance(body.get("error"), dict) else body
+    return f"HTTP {err.status_code}: {body.get('message') or err.message}"
+
+
+async def pcd(client: Client, task: Task, salt: str, mode: str = "token") -> Outcome:
+    try:
+        resp = await client.api.chat.completions.create(
+            model=client.model, messages=task.messages, temperature=0,
+            extra_body={"chat_template_kwargs": {"pcd_schema": task.schema, "pcd_mode": mode},
+                        "cache_salt": salt})
+    except openai.BadRequestError as err:
+        if mode == "token":
+            raise
+        raise Unsupported(_error_text(err)) from err
+    diag = resp.model_extra["pcd"]
+    return Outcome("ok", json.loads(resp.choices[0].message.content),
+                   tokens_computed=diag["tokens"]["computed"],
+                   backbone_calls=diag["backbone_calls"], extra={"tokens": diag["tokens"]})
+
+
+async def pcd_sequence(client: Client, task: Task, salt: str) -> Outcome:
+    return await pcd(client, task, salt, mode="sequence")
+
+
+def ar_instruction(spec: SchemaSpec) -> str:
+    """PCD's own field list, values written as JSON, under a header asking for an object."""
+    lines = instruction_text([(f, None) for f in spec.fields]).splitlines()
+    return "\n".join([AR_HEADER, *lines[1:]])
+
+
+def ar_max_tokens(task: Task) -> int:
+    # Generous: the grammar ends the object (and the request) long before this.
+    return 32 + sum(24 + max(len(str(o)) for o in f.options) for f in task.spec.fields)
+
+
+async def ar_json(client: Client, task: Task, salt: str) -> Outcome:
+    """Ordinary autoregressive decoding under vLLM's JSON-schema grammar."""
+    resp = await client.api.chat.completions.create(
+        model=client.model, messages=with_instruction(task.messages, ar_instruction(task.spec)),
+        temperature=0, max_tokens=ar_max_tokens(task),
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "answer", "schema": task.schema, "strict": True}},
+        extra_body={"cache_salt": salt})
+    usage = resp.usage
+    prompt = _computed(usage)
+    try:
+        obj = json.loads(resp.choices[0].message.content or "")
+    except json.JSONDecodeError:
+        obj = None
+    # One forward pass per generated token: the prefill yields the first, each decode step one.
+    return Outcome("ok", obj,
+                   tokens_computed=None if prompt is None else prompt + usage.completion_tokens - 1,
+                   backbone_calls=usage.completion_tokens,
+                   extra={"completion_tokens": usage.completion_tokens})
+
+
+async def _complete(client: Client, ids: list[int], salt: str,
+                    extra_body: dict[str, Any] | None = None, **options: Any) -> Any:
+    """One token after a token-id prompt: the completions API applies no chat template."""
+    return await client.api.completions.create(
+        model=client.model, prompt=ids, max_tokens=1, temperature=0,
+        extra_body={"cache_salt": salt, **(extra_body or {})}, **options)
+
+
+def _field_scores(fp: Any, results: list[dict[int, float]]) -> list[float]:
+    """Each option's log-probability from its field's requests (summed over a value's tokens)."""
+    if isinstance(fp, FieldPlan):
+        return [results[0][t] for t in fp.code_ids]
+    return fp.candidate_logprobs(node_lookup(fp.nodes, results))
+
+
+async def per_field(client: Client, task: Task, salt: str) -> Outcome:
+    """PCD's computation rebuilt from stock vLLM features: warm the shared prefix with one
+    request, then every branch PCD plans (one per token-mode field) as its own concurrent
+    request asking for the log-probabilities of exactly the tokens PCD scores there."""
+    plan = task.plan
+    scorings = plan.scorings()
+    warm = await _complete(client, list(plan.shared_ids), salt)
+    replies = await asyncio.gather(*(
+        _complete(client, [*plan.shared_ids, *s.suffix_ids], salt, logprobs=1,
+                  extra_body={"logprob_token_ids": list(s.token_ids),
+                              "return_tokens_as_token_ids": True})
+        for s in scorings))
+    by_field: dict[int, list[dict[int, float]]] = {}
+    for s, reply in zip(scorings, replies):
+        top = reply.choices[0].logprobs.top_logprobs[0]
+        by_field.setdefault(s.field_index, []).append(
+            {t: top[f"token_id:{t}"] for t in s.token_ids})
+    obj = {}
+    for i, fp in enumerate(plan.fields):
+        scores = _field_scores(fp, by_field[i])
+        obj[fp.field.name] = fp.field.options[scores.index(max(scores))]  # ties: schema order
+    counts = [_computed(r.usage) for r in (warm, *replies)]
+    return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
+
+
+def systemone_question(spec_field: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    instructions = raw.get("description") or spec_field.name
+    if spec_field.kind == "boolean":
+        return {"type": "noul", "instructions": instructions}
+    return {"type": "choice", "instructions": instructions,
+            "criteria": {o: None for o in spec_field.options}}
+
+
+async def systemone(client: Client, task: Task, salt: str) -> Outcome:
+    """vLLM's structured-decisions route; it writes its own prompt around the state."""
+    payload = {
+        "model": client.model,
+        "state": "\n\n".join(m["content"] for m in task.messages),
+        "questions": {f.name: systemone_question(f, task.schema["properties"][f.name])
+                      for f in task.spec.fields},
+        "cache_salt": salt,
+    }
+    try:
+        resp = await client.api.post("/systemone", body=payload, cast_to=object)
+    except openai.APIStatusError as err:
+        if err.status_code in (400, 404, 405, 501):
+            raise Unsupported(_error_text(err)) from err
+        raise
+    answers = resp["answers"]
+    obj = {f.name: (answers[f.name]["noul"] >= 0.5 if f.kind == "boolean"
+                    else answers[f.name]["choice"]) for f in task.spec.fields}
+    return Outcome("ok", obj)
+
+
+def floor_ids(plan: Plan) -> list[int]:
+    """The shared context, then every distinct branch position once (a token several branches
+    share, as in a value trie, counts once): `len == tokens.ideal` of the PCD diagnostics."""
+    ids, seen = list(plan.shared_ids), set()
+    for s in plan.scorings():
+        for j, token in enumerate(s.suffix_ids):
+            if (s.field_index, s.suffix_ids[:j + 1]) not in seen:
+                seen.add((s.field_index, s.suffix_ids[:j + 1]))
+                ids.append(token)
+    return ids
+
+
+async def floor(client: Client, task: Task, salt: str) -> Outcome:
+    """The least any method must compute: one prefill over the shared context and every
+    branch position, once each. It answers nothing."""
+    reply = await _complete(client, floor_ids(task.plan), salt)
+    return Outcome("ok", None, tokens_computed=_computed(reply.usage), backbone_calls=1)
+
+
+METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
+    "pcd_token": pcd,
+    "pcd_sequence": pcd_sequence,
+    "ar_json": ar_json,
+    "per_field": per_field,
+    "systemone": systemone,
+    "floor": floor,
+}
+ANSWERING = ("pcd_token", "pcd_sequence", "ar_json", "per_field", "systemone")
+
+
+async def run_method(name: str, client: Client, task: Task) -> Outcome:
+    """One timed call under a fresh cache salt; failures become the outcome's status."""
+    start = time.perf_counter()
+    try:
+        outcome = await METHODS[name](client, task, f"bench-{uuid.uuid4().hex}")
+    except Unsupported as err:
+        return Outcome(f"unsupported: {err}")
+    except Exception as err:  # one failed call must not end a long benchmark
+        detail = _error_text(err) if isinstance(err, openai.APIStatusError) else repr(err)
+        return Outcome(f"error: {detail}")
+    outcome.latency_s = time.perf_counter() - start
+    return outcome
+
+
+def serving_note(url: str | None) -> str:
+    if url:
+        return f"attached to {url}: dtype and flags as that server was started"
+    return "serving bf16 (--dtype bfloat16), one server: pcd plugin + xgrammar structured outputs"
+
+
+def provenance() -> dict[str, Any]:
+    """The code measured: commit, and whether the work tree differed from it."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+@contextlib.contextmanager
+def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2
+           ) -> Iterator[str]:
+    """Attach to `url`, or start one server with the plugin and the xgrammar backend."""
+    if url:
+        yield url
+        return
+    from vllm_pcd.launch import serve
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with serve(model, args=SERVER_ARGS, kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
+        yield base

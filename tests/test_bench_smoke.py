@@ -1,0 +1,79 @@
+"""The benchmark and the evaluation, in reduced form, against one real server.
+
+Only that every supported method runs and answers schema-valid objects is checked; speed on a
+shared CI machine says nothing, so no timing is asserted.
+"""
+
+import asyncio
+
+import pytest
+
+from benchmarks import bench_latency, evaluate
+from benchmarks.methods import SERVER_ARGS, Client, load_tokenizer, make_task, run_method
+from vllm_pcd.launch import serve
+
+# Stock vLLM features: these must always run. The others may answer "unsupported".
+ALWAYS = {"pcd_token", "ar_json", "per_field", "floor"}
+
+
+@pytest.fixture(scope="module")
+def url(model_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("bench-serve") / "vllm.log"
+    with serve(model_path, args=[*SERVER_ARGS, "--max-model-len", "4096"], kv_cache_gib=1,
+               log_path=log) as base:
+        yield base
+
+
+def check_status(method, status):
+    if method in ALWAYS:
+        assert status == "ok", f"{method}: {status}"
+    else:
+        assert status == "ok" or status.startswith("unsupported"), f"{method}: {status}"
+
+
+def test_baselines_compute_the_tokens_pcd_plans(url, model_path):
+    """The client-side plan (used by per_field and floor) is the one the server computes."""
+    schema = bench_latency.synthetic_schema(3)
+    task = make_task(load_tokenizer(model_path), schema,
+                     [{"role": "user", "content": "My router is broken, I want a refund."}])
+
+    async def both():
+        client = await Client(url).connect()
+        try:
+            return [await run_method(m, client, task) for m in ("pcd_token", "floor")]
+        finally:
+            await client.close()
+
+    pcd, floor = asyncio.run(both())
+    assert pcd.ok and floor.ok, (pcd.status, floor.status)
+    ideal = len(task.plan.shared_ids) + task.plan.branch_tokens
+    assert pcd.extra["tokens"]["ideal"] == ideal
+    assert floor.tokens_computed == ideal
+
+
+def test_quick_benchmark(url, model_path, tmp_path):
+    results = bench_latency.main(["--quick", "--url", url, "--model", str(model_path),
+                                  "--out", str(tmp_path / "latency")])
+    assert (tmp_path / "latency.json").exists() and (tmp_path / "latency.png").exists()
+    assert [(c["fields"], c["context_tokens"]) for c in results["cells"]] == [(1, 100), (3, 100)]
+    for cell in results["cells"]:
+        for method, row in cell["methods"].items():
+            check_status(method, row["status"])
+            if row["status"] == "ok":
+                assert row["runs"] == 1 and row["median_s"] > 0
+                assert row["schema_valid"] in (True, None), method
+    assert [r["concurrency"] for r in results["concurrency"]] == [1, 2]
+    assert all(r["failed"] == 0 for r in results["concurrency"])
+
+
+def test_three_case_evaluation(url, model_path, tmp_path):
+    if not evaluate.DEFAULT_DATA.exists():
+        pytest.skip(f"no eval data at {evaluate.DEFAULT_DATA}")
+    results = evaluate.main(["--limit", "3", "--url", url, "--model", str(model_path),
+                             "--out", str(tmp_path / "eval.json")])
+    assert results["cases"] == 3
+    for method, report in results["methods"].items():
+        check_status(method, report["status"])
+        if report["status"] == "ok":
+            assert report["schema_valid_rate"] == 1.0, method
+            assert 0 <= report["field_accuracy"] <= 1

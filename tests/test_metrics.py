@@ -1,0 +1,88 @@
+"""The evaluation's metric functions, on cases small enough to count by hand."""
+
+import pytest
+
+from benchmarks.metrics import (
+    Case, exact_accuracy, field_accuracy, first_option_share, is_schema_valid, median, p90,
+    percentile, true_share, valid_rate)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "enum": ["billing", "technical", "shipping"]},
+        "refund": {"type": "boolean"},
+        "urgent": {"type": "boolean"},
+    },
+    "required": ["topic", "refund", "urgent"],
+    "additionalProperties": False,
+}
+GOLD_1 = {"topic": "billing", "refund": False, "urgent": True}
+GOLD_2 = {"topic": "shipping", "refund": True, "urgent": True}
+
+CASES = [
+    Case(SCHEMA, GOLD_1, {"topic": "billing", "refund": False, "urgent": True}),  # 3/3
+    Case(SCHEMA, GOLD_2, {"topic": "billing", "refund": True, "urgent": False}),  # 1/3
+    Case(SCHEMA, GOLD_1, None),                                                   # 0/3
+]
+
+
+def test_field_accuracy_counts_every_gold_field():
+    assert field_accuracy(CASES) == pytest.approx(4 / 9)
+    assert field_accuracy(CASES, "enum") == pytest.approx(1 / 3)
+    assert field_accuracy(CASES, "boolean") == pytest.approx(3 / 6)
+
+
+def test_exact_accuracy_needs_every_field():
+    assert exact_accuracy(CASES) == pytest.approx(1 / 3)
+
+
+def test_integer_is_not_a_boolean_answer():
+    case = Case(SCHEMA, GOLD_1, {"topic": "billing", "refund": 0, "urgent": 1})
+    assert field_accuracy([case], "boolean") == 0
+    assert not is_schema_valid(SCHEMA, case.predicted)
+
+
+@pytest.mark.parametrize("obj, valid", [
+    ({"topic": "billing", "refund": True, "urgent": False}, True),
+    ({"topic": "billing", "refund": True}, False),                                  # missing
+    ({"topic": "billing", "refund": True, "urgent": False, "x": 1}, False),         # extra
+    ({"topic": "Billing", "refund": True, "urgent": False}, False),                 # not in enum
+    ({"topic": "billing", "refund": "true", "urgent": False}, False),               # string
+    ({"topic": True, "refund": True, "urgent": False}, False),                      # bool in enum
+    (None, False),
+    ([1, 2, 3], False),
+])
+def test_schema_validity(obj, valid):
+    assert is_schema_valid(SCHEMA, obj) is valid
+
+
+def test_valid_rate():
+    bad = Case(SCHEMA, GOLD_1, {"topic": "other", "refund": True, "urgent": True})
+    assert valid_rate([*CASES, bad]) == pytest.approx(2 / 4)
+
+
+def test_answer_shares_skip_missing_objects():
+    # Predicted booleans: F, T (case 1), T, F (case 2); case 3 has no object.
+    assert true_share(CASES) == pytest.approx(2 / 4)
+    # Gold booleans: F, T, T, T, F, T.
+    assert true_share(CASES, gold=True) == pytest.approx(4 / 6)
+    # Predicted topics: billing, billing — both the first option.
+    assert first_option_share(CASES) == 1
+    # Gold topics: billing, shipping, billing.
+    assert first_option_share(CASES, gold=True) == pytest.approx(2 / 3)
+
+
+def test_shares_of_nothing_are_none():
+    assert true_share([Case(SCHEMA, GOLD_1, None)]) is None
+    assert field_accuracy([]) is None
+    assert exact_accuracy([]) is None
+
+
+def test_percentiles_interpolate_linearly():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert median(values) == pytest.approx(2.5)
+    # position (4 - 1) * 0.9 = 2.7 → 3 + 0.7 * (4 - 3)
+    assert p90(values) == pytest.approx(3.7)
+    assert percentile([5.0], 90) == 5.0
+    assert median([]) is None
+    assert percentile(list(range(11)), 90) == pytest.approx(9.0)
