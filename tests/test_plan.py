@@ -3,13 +3,15 @@
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from vllm_pcd.plan import build_plan, choose_codes, instruction_text, with_instruction
+from vllm_pcd.plan import (FieldPlan, branch_text, build_plan, choose_codes, instruction_text,
+                           with_instruction)
+from vllm_pcd.sequence import SequenceFieldPlan
 from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema
 
 
 def test_plan_codes_are_single_distinct_tokens_in_context(tokenizer):
     plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
-                      [{"role": "user", "content": MESSAGE}])
+                      [{"role": "user", "content": MESSAGE}], formulation="codes")
     for fp in plan.fields:
         assert len(set(fp.code_ids)) == len(fp.field.options)
         for code, code_id in zip(fp.codes, fp.code_ids):
@@ -19,7 +21,8 @@ def test_plan_codes_are_single_distinct_tokens_in_context(tokenizer):
 
 def test_shared_context_is_the_rendered_chat_with_the_field_list(tokenizer):
     spec = parse_schema(SUPPORT_SCHEMA)
-    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                      formulation="codes")
     text = tokenizer.decode(list(plan.shared_ids))
     assert MESSAGE in text and "topic (The main issue in the message): A = billing" in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -82,3 +85,33 @@ def test_instruction_lists_every_option_with_its_code():
     flag = FieldSpec("ok", "boolean", (True, False))
     assert instruction_text([(flag, (" true", " false"))]).endswith("- ok: true, false")
     assert instruction_text([(flag, (" yes", " no"))]).endswith("- ok: yes = true, no = false")
+
+
+def test_json_formulation_continues_the_assistants_own_object(tokenizer):
+    plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
+                      [{"role": "user", "content": MESSAGE}])
+    text = tokenizer.decode(list(plan.shared_ids))
+    assert '- topic: "billing", "technical", "shipping", "account"' in text
+    assert "- urgent (Whether the customer needs help today): true, false" in text
+    assert all(isinstance(fp, SequenceFieldPlan) and fp.mode == "token" for fp in plan.fields)
+    for fp in plan.fields:
+        stem = tokenizer.decode(list(fp.candidates[0][:fp.score_from[0]]))
+        assert stem.startswith(branch_text(fp.field, "json"))
+        # each candidate is cut right after the token that makes it unique
+        for seq in fp.candidates:
+            others = [o for o in fp.candidates if o != seq]
+            assert all(o[:len(seq)] != seq for o in others)
+            assert any(o[:len(seq) - 1] == seq[:-1] for o in others) or len(seq) == fp.score_from[0] + 1
+
+
+def test_json_formulation_needs_one_request_when_first_tokens_differ(tokenizer):
+    spec = parse_schema(SUPPORT_SCHEMA)
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
+    assert [len(fp.nodes) for fp in plan.fields] == [1, 1]
+    assert len(plan.scorings()) == 2
+
+
+def test_branch_stems():
+    field = FieldSpec("naïve \"x\"", "boolean", (True, False))
+    assert branch_text(field, "json") == '{"naïve \\"x\\"":'
+    assert branch_text(field, "codes") == 'naïve "x":'

@@ -59,7 +59,7 @@ def test_mixed_modes_in_one_plan(tokenizer):
     raw["properties"] = dict(TRICKY["properties"])
     raw["properties"]["refund_requested"] = {"type": "boolean", "x-pcd-mode": "token"}
     plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}],
-                      mode="sequence")
+                      mode="sequence", formulation="codes")
     kinds = [type(fp) for fp in plan.fields]
     assert kinds == [SequenceFieldPlan] * 3 + [FieldPlan]
     text = tokenizer.decode(list(plan.shared_ids))

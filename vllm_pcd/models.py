@@ -49,9 +49,12 @@ def convert(gguf: Path, out: Path) -> None:
     # save_pretrained refuses GGUF-quantized models; the weights are already dequantized.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.tie_word_embeddings = True
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    fresh.load_state_dict(loaded.state_dict(), strict=False)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"GGUF conversion lost weights: missing {missing}, "
+                           f"unexpected {unexpected}")
     fresh.tie_weights()
     fresh = fresh.to(torch.bfloat16)
     tmp = out.with_name(out.name + ".tmp")
@@ -59,7 +62,7 @@ def convert(gguf: Path, out: Path) -> None:
     fresh.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _pin_rope_theta(tmp / "config.json")
-    (tmp / _DONE_MARKER).write_text(json.dumps({"source": f"{_GGUF_PACKAGE}/{_GGUF_FILE}"}))
+    (tmp / _DONE_MARKER).write_text(json.dumps({"source": str(gguf)}))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -76,11 +79,15 @@ def _pin_rope_theta(config_path: Path) -> None:
 
 def provision(force: bool = False) -> Path:
     out = default_model_path()
-    if (out / _DONE_MARKER).exists() and not force:
+    if is_converted(out) and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     convert(_gguf_path(), out)
     return out
+
+
+def is_converted(folder: Path) -> bool:
+    return (folder / _DONE_MARKER).exists()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
 from vllm_pcd.engine import Execution, run_offline, run_online
-from vllm_pcd.plan import FieldPlan, Plan, build_plan
+from vllm_pcd.plan import DEFAULT_FORMULATION, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
 
@@ -60,11 +60,13 @@ def _token_result(fp: FieldPlan, got: dict[int, float]) -> FieldResult:
 def _sequence_result(fp: SequenceFieldPlan, node_results: list[dict[int, float]],
                      normalization: str) -> FieldResult:
     sums = fp.candidate_logprobs(node_lookup(fp.nodes, node_results))
+    if fp.mode == "token":  # unique prefixes: the joint probability is the score
+        normalization = "sum"
     normalized = fp.scores(sums, normalization)
     per_candidate = [{"logprob_sum": total, "tokens": fp.value_tokens(i),
                       "normalized": normalized[i]} for i, total in enumerate(sums)]
     return field_result(fp.field, normalized,
-                        {"mode": "sequence", "normalization": normalization}, per_candidate)
+                        {"mode": fp.mode, "normalization": normalization}, per_candidate)
 
 
 def _results(plan: Plan, execution: Execution, normalization: str) -> tuple[FieldResult, ...]:
@@ -97,7 +99,8 @@ def as_messages(text_or_messages: str | list[dict[str, Any]]) -> list[dict[str, 
 
 
 def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: dict[str, Any],
-                *, mode: str = "token", normalization: str = "sum", limits: Limits = Limits(),
+                *, mode: str = "token", normalization: str = "sum",
+                formulation: str = DEFAULT_FORMULATION, limits: Limits = Limits(),
                 cache_salt: str | None = None,
                 template_kwargs: dict[str, Any] | None = None) -> PCDResult:
     """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD. `mode` is the
@@ -106,7 +109,7 @@ def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: 
     spec = parse_schema(schema, limits)
     check_normalization(normalization)
     plan = build_plan(llm.get_tokenizer(), spec, as_messages(text_or_messages), limits,
-                      template_kwargs, mode=mode)
+                      template_kwargs, mode=mode, formulation=formulation)
     plan_s = time.perf_counter() - start
     execution = run_offline(llm, plan, branches_per_batch=limits.max_branches_per_batch,
                             cache_salt=cache_salt)
@@ -116,11 +119,13 @@ def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: 
 async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[str, Any]],
                              spec: SchemaSpec, *, limits: Limits, mode: str = "token",
                              normalization: str = "sum",
+                             formulation: str = DEFAULT_FORMULATION,
                              template_kwargs: dict[str, Any] | None = None,
                              chat_template: str | None = None, request_id: str | None = None,
                              cache_salt: str | None = None) -> PCDResult:
     start = time.perf_counter()
-    plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template, mode)
+    plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template, mode,
+                      formulation)
     plan_s = time.perf_counter() - start
     execution = await run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
                                  request_id=request_id, cache_salt=cache_salt)

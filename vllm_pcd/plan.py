@@ -10,6 +10,7 @@ Only a tokenizer is needed here: this module knows nothing of vLLM or HTTP.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -26,8 +27,18 @@ _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
 _BOOLEAN_ALPHABETS: tuple[tuple[str, str], ...] = ((" true", " false"), (" yes", " no"),
                                                    (" A", " B"))
 
-INSTRUCTION_HEADER = ("Answer about the conversation above. For each field below, choose "
-                      "exactly one option; where options have codes, answer with the code.")
+FORMULATIONS = ("json", "codes")
+INSTRUCTION_HEADERS = {
+    # The model continues its own JSON object: `{"name": ` then the value it would write.
+    "json": ("Answer about the conversation above with a JSON object that has exactly the "
+             "fields below, each set to one of the values listed for it."),
+    # Per-field questions answered with single-token option codes.
+    "codes": ("Answer about the conversation above. For each field below, choose exactly one "
+              "option; where options have codes, answer with the code."),
+}
+
+
+DEFAULT_FORMULATION = "json"
 
 
 class Tokenizer(Protocol):
@@ -100,10 +111,11 @@ def _option_label(field: FieldSpec, code: str | None, option: Any) -> str:
     return value if field.kind == "boolean" and code.strip() == value else f"{code.strip()} = {value}"
 
 
-def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]]) -> str:
-    """The field list appended to the conversation; shared by every branch. Token-mode fields
-    show their codes; sequence-mode fields (codes None) show their JSON values."""
-    lines = [INSTRUCTION_HEADER]
+def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
+                     formulation: str = "codes") -> str:
+    """The field list appended to the conversation; shared by every branch. Fields with codes
+    show them; the others (codes None) show their JSON values."""
+    lines = [INSTRUCTION_HEADERS[formulation]]
     for field, codes in fields:
         about = f" ({field.description})" if field.description else ""
         shown_codes = codes if codes is not None else [None] * len(field.options)
@@ -112,7 +124,10 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]]) -
     return "\n".join(lines)
 
 
-def branch_text(field: FieldSpec) -> str:
+def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
+    """The start of the assistant's answer for one field: its stem."""
+    if formulation == "json":
+        return "{" + json.dumps(field.name, ensure_ascii=False) + ":"
     return f"{field.name}:"
 
 
@@ -166,14 +181,14 @@ def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str,
+def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
                 limits: Limits) -> AnyFieldPlan:
-    if mode == "token":
+    if mode == "token" and formulation == "codes":
         codes, ids = choose_codes(tokenizer, field)
         suffix = tokenizer.encode(branch_text(field), add_special_tokens=False)
         return FieldPlan(field, tuple(suffix), codes, ids)
     try:
-        plan = build_sequence_field(tokenizer, field, branch_text(field))
+        plan = build_sequence_field(tokenizer, field, branch_text(field, formulation), mode=mode)
     except ValueError as err:
         raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
                           param=f"pcd_schema.properties.{field.name}", rule="candidates")
@@ -188,13 +203,19 @@ def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str,
 
 def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
                limits: Limits = Limits(), template_kwargs: dict[str, Any] | None = None,
-               chat_template: str | None = None, mode: str = "token") -> Plan:
+               chat_template: str | None = None, mode: str = "token",
+               formulation: str = DEFAULT_FORMULATION) -> Plan:
     """`mode` is the request's default; a field's own `x-pcd-mode` wins."""
     if mode not in MODES:
         raise SchemaError(f"pcd_mode must be one of {list(MODES)}", param="pcd_mode", rule="mode")
-    fields = tuple(_field_plan(tokenizer, f, f.mode or mode, limits) for f in schema.fields)
+    if formulation not in FORMULATIONS:
+        raise SchemaError(f"pcd_formulation must be one of {list(FORMULATIONS)}",
+                          param="pcd_formulation", rule="formulation")
+    fields = tuple(_field_plan(tokenizer, f, f.mode or mode, formulation, limits)
+                   for f in schema.fields)
     instruction = instruction_text(
-        [(fp.field, fp.codes if isinstance(fp, FieldPlan) else None) for fp in fields])
+        [(fp.field, fp.codes if isinstance(fp, FieldPlan) else None) for fp in fields],
+        formulation)
     shared = render_ids(tokenizer, with_instruction(messages, instruction), template_kwargs,
                         chat_template)
     plan = Plan(tuple(shared), fields)

@@ -1,11 +1,15 @@
-"""Sequence mode: whole serialized candidates scored by full-vocabulary log-likelihood.
+"""Candidates as token sequences: scored by full-vocabulary log-likelihood over a trie.
 
-A candidate is its JSON value plus a newline terminator, written after the field's stem
-(`name:`). The stem and candidate are tokenized together, so the tokens scored are the ones
-the model would see, whatever merges happen at the boundary. The candidates of a field form a
-token trie: each internal node is one engine request (the path so far as prompt, one output
-token) that returns the log-probabilities of exactly its children, so a token shared by
-several candidates is scored once and every node reads the shared context from the KV cache.
+A candidate is its JSON value, written after the field's stem (`name:` or `{"name":`). The
+stem and candidate are tokenized together, so the tokens scored are the ones the model would
+see, whatever merges happen at the boundary. The candidates of a field form a token trie:
+each internal node is one engine request (the path so far as prompt, one output token) that
+returns the log-probabilities of exactly its children, so a token shared by several
+candidates is scored once and every node reads the shared context from the KV cache.
+
+Sequence mode scores every whole candidate plus a newline terminator. Token mode with the
+JSON formulation scores each candidate only up to the token where it becomes unique among
+the field's candidates: usually one request with the real first tokens of the values.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ NORMALIZATIONS = ("sum", "mean")
 MAX_IDS_PER_REQUEST = 128
 
 
-def serialize(value: Any) -> str:
-    return " " + json.dumps(value, ensure_ascii=False) + "\n"
+def serialize(value: Any, terminator: str = "\n") -> str:
+    return " " + json.dumps(value, ensure_ascii=False) + terminator
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -45,6 +49,7 @@ class Node:
 @dataclass(frozen=True)
 class SequenceFieldPlan:
     field: Any  # FieldSpec
+    mode: str   # "sequence": whole candidates; "token": each up to its unique prefix
     stem_ids: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...]  # stem + value tokens, jointly tokenized
     score_from: tuple[int, ...]              # first scored position of each candidate
@@ -64,11 +69,25 @@ class SequenceFieldPlan:
         return [s / self.value_tokens(i) for i, s in enumerate(sums)]
 
 
-def build_sequence_field(tokenizer: Any, field: Any, stem: str) -> SequenceFieldPlan:
+def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
+                     starts: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each candidate cut after the first token no other candidate shares with it."""
+    cut = []
+    for seq, start in zip(candidates, starts):
+        end = start + 1
+        while end < len(seq) and any(o != seq and o[:end] == seq[:end] for o in candidates):
+            end += 1
+        cut.append(seq[:end])
+    return cut
+
+
+def build_sequence_field(tokenizer: Any, field: Any, stem: str, *,
+                         mode: str = "sequence") -> SequenceFieldPlan:
     stem_ids = tokenizer.encode(stem, add_special_tokens=False)
+    terminator = "\n" if mode == "sequence" else ""
     candidates, starts = [], []
     for option in field.options:
-        ids = tokenizer.encode(stem + serialize(option), add_special_tokens=False)
+        ids = tokenizer.encode(stem + serialize(option, terminator), add_special_tokens=False)
         # Normally the stem's tokens survive intact; if the value merges into the stem's last
         # token, scoring starts where the two tokenizations part.
         start = _common_prefix(stem_ids, ids)
@@ -78,6 +97,15 @@ def build_sequence_field(tokenizer: Any, field: Any, stem: str) -> SequenceField
         starts.append(start)
     if len(set(candidates)) != len(candidates):
         raise ValueError(f"{field.name}: two candidates tokenize identically")
+    if mode == "token":
+        # Tokens every candidate shares add the same log-probability to each: they move no
+        # renormalised score, so they join the branch's prompt instead of being scored.
+        common = min(_common_prefix(candidates[0], c) for c in candidates)
+        starts = [max(start, common) for start in starts]
+        candidates = _unique_prefixes(candidates, starts)
+        if len(set(candidates)) != len(candidates):
+            raise ValueError(f"{field.name}: a candidate is a token prefix of another; "
+                             "score this field in sequence mode")
     children: dict[tuple[int, ...], dict[int, int]] = {}
     for seq, start in zip(candidates, starts):
         for j in range(start, len(seq)):
@@ -89,7 +117,7 @@ def build_sequence_field(tokenizer: Any, field: Any, stem: str) -> SequenceField
         for at in range(0, len(ids), MAX_IDS_PER_REQUEST):
             part = ids[at:at + MAX_IDS_PER_REQUEST]
             nodes.append(Node(prefix, tuple(part), sum(kids[t] for t in part)))
-    return SequenceFieldPlan(field, tuple(stem_ids), tuple(candidates), tuple(starts),
+    return SequenceFieldPlan(field, mode, tuple(stem_ids), tuple(candidates), tuple(starts),
                              tuple(nodes))
 
 

@@ -23,12 +23,13 @@ from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_c
 
 from vllm_pcd.compat import check_vllm_version
 from vllm_pcd.pcd import check_normalization, constrained_online
+from vllm_pcd.plan import DEFAULT_FORMULATION
 from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
 
 logger = logging.getLogger("vllm_pcd")
 
 CHAT_PATH = "/v1/chat/completions"
-PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization")
+PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization", "pcd_formulation")
 # Chat-completion options that PCD cannot honour; refused rather than silently ignored.
 _UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
 
@@ -109,6 +110,7 @@ class PCDService:
                 raise SchemaError(f"pcd_mode must be one of {list(MODES)}, got {shown(mode)}",
                                   param="pcd_mode", rule="mode")
             normalization = check_normalization(kwargs.pop("pcd_normalization", "sum"))
+            formulation = kwargs.pop("pcd_formulation", DEFAULT_FORMULATION)
             spec = parse_schema(kwargs.pop("pcd_schema", None), self.limits)
             messages = plain_messages(request)
         except SchemaError as err:
@@ -117,7 +119,8 @@ class PCDService:
         try:
             result = await constrained_online(
                 self.engine, self.engine.get_tokenizer(), messages, spec, limits=self.limits,
-                mode=mode, normalization=normalization, template_kwargs=kwargs,
+                mode=mode, normalization=normalization, formulation=formulation,
+                template_kwargs=kwargs,
                 chat_template=self.chat_template(), request_id=request_id,
                 cache_salt=request.cache_salt)
         except SchemaError as err:  # limits that depend on the tokenized prompt
