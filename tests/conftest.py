@@ -60,3 +60,27 @@ def fp32_llm(model_path):
               disable_log_stats=False, max_model_len=4096, seed=0)
     yield llm
     del llm
+
+API_KEY = "pcd-test-key"
+# One plugin server for the HTTP tests: bf16 as served, xgrammar for the AR baseline, and an
+# API key so every route's authentication is exercised too.
+SERVER_ARGS = ["--dtype", "bfloat16", "--max-model-len", "4096", "--api-key", API_KEY,
+               "--structured-outputs-config",
+               '{"backend": "xgrammar", "disable_any_whitespace": true}']
+
+
+@pytest.fixture(scope="session")
+def pcd_server(model_path, tmp_path_factory):
+    """Base URL of `VLLM_PLUGINS=pcd vllm serve` on the default model."""
+    from vllm_pcd.launch import serve
+
+    log = tmp_path_factory.mktemp("serve") / "vllm.log"
+    with serve(model_path, args=SERVER_ARGS, log_path=log) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def client(pcd_server):
+    import openai
+
+    return openai.OpenAI(base_url=pcd_server + "/v1", api_key=API_KEY, max_retries=0)

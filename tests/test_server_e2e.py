@@ -5,22 +5,15 @@ import json
 import openai
 import pytest
 
-from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from vllm_pcd.launch import serve
 
 
-@pytest.fixture(scope="module")
-def client(model_path, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "vllm.log"
-    with serve(model_path, args=["--dtype", "bfloat16", "--max-model-len", "4096"],
-               log_path=log) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
-
-def pcd(client, schema, content=MESSAGE, **extra):
+def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
     return client.chat.completions.create(
         model=client.models.list().data[0].id, messages=[{"role": "user", "content": content}],
-        extra_body={"chat_template_kwargs": {"pcd_schema": schema}, **extra})
+        extra_body={"chat_template_kwargs": {"pcd_schema": schema, **(extra_kwargs or {})},
+                    **extra})
 
 
 @pytest.mark.parametrize("schema", [SUPPORT_SCHEMA, SIX_FIELD_SCHEMA], ids=["2-field", "6-field"])
@@ -35,6 +28,7 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, schema):
             assert obj[name] in prop["enum"]
     diag = response.model_extra["pcd"]
     assert diag["mode"] == "token" and diag["calibrated"] is False
+    assert diag["tokens"]["computed"] == diag["tokens"]["ideal"]
     assert diag["backbone_calls"] == 2
     for name, field in diag["fields"].items():
         assert field["value"] == obj[name]
@@ -65,9 +59,27 @@ def test_plain_chat_is_answered_by_vllm_as_without_the_plugin(client, model_path
                    messages=[{"role": "user", "content": "Name a colour."}])
     through_plugin = client.chat.completions.create(**request)
     assert through_plugin.model_extra.get("pcd") is None
-    with serve(model_path, args=["--dtype", "bfloat16", "--max-model-len", "4096"],
-               plugins=None) as url:
-        stock = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    with serve(model_path, args=SERVER_ARGS, plugins=None) as url:
+        stock = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY)
         without = stock.chat.completions.create(**request)
     assert through_plugin.choices[0].message.content == without.choices[0].message.content
     assert through_plugin.usage.prompt_tokens == without.usage.prompt_tokens
+
+
+def test_sequence_and_mixed_modes_over_http(client):
+    schema = dict(SIX_FIELD_SCHEMA, properties=dict(SIX_FIELD_SCHEMA["properties"]))
+    schema["properties"]["urgent"] = {"type": "boolean", "x-pcd-mode": "token"}
+    response = pcd(client, schema, extra_kwargs={"pcd_mode": "sequence"})
+    diag = response.model_extra["pcd"]
+    assert diag["mode"] == "mixed"
+    assert diag["fields"]["urgent"]["mode"] == "token"
+    assert diag["fields"]["language"]["mode"] == "sequence"
+    obj = json.loads(response.choices[0].message.content)
+    assert obj["language"] in ["English", "Español", "Deutsch"]
+    cand = diag["fields"]["language"]["candidates"][1]
+    assert cand["value"] == "Español" and cand["tokens"] >= 2 and cand["logprob_sum"] < 0
+
+
+def test_codes_formulation_over_http(client):
+    response = pcd(client, SUPPORT_SCHEMA, extra_kwargs={"pcd_formulation": "codes"})
+    assert response.model_extra["pcd"]["fields"]["topic"]["codes"] == ["A", "B", "C", "D"]

@@ -6,6 +6,8 @@ request goes, untouched, to vLLM's own chat-completions handler.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -21,6 +23,7 @@ from starlette.datastructures import State
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
+from vllm_pcd import metrics
 from vllm_pcd.compat import check_vllm_version
 from vllm_pcd.pcd import check_normalization, constrained_online
 from vllm_pcd.plan import DEFAULT_FORMULATION
@@ -100,6 +103,19 @@ class PCDService:
         return None
 
     async def answer(self, request: ChatCompletionRequest) -> JSONResponse:
+        mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
+        mode = mode if mode in MODES else "invalid"
+        try:
+            response = await self._answer(request, mode)
+        except asyncio.CancelledError:
+            metrics.record_refusal(mode, "cancelled")
+            raise
+        if response.status_code >= 400:
+            metrics.record_refusal(mode, "error" if response.status_code >= 500 else "rejected")
+        return response
+
+    async def _answer(self, request: ChatCompletionRequest, mode_label: str) -> JSONResponse:
+        start = time.perf_counter()
         if (refused := self.model_error(request)) is not None:
             return refused
         kwargs = dict(request.chat_template_kwargs or {})
@@ -131,6 +147,8 @@ class PCDService:
                                   f"PCD inference failed: {shown(str(err))}",
                                   kind="InternalServerError")
         diagnostics = result.diagnostics()
+        metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
+                              diagnostics["tokens"]["computed"], time.perf_counter() - start)
         prompt_tokens = diagnostics["tokens"]["ideal"]
         completion_tokens = len(spec.fields)
         return JSONResponse(content={
@@ -195,6 +213,9 @@ class PCDEndpointPlugin:
         if engine_client is None:
             return
         limits = Limits.from_mapping(_pcd_config(args).get("limits"))
+        max_model_len = state.vllm_config.model_config.max_model_len
+        if limits.max_prompt_tokens >= max_model_len:  # leave room for the one output token
+            limits = dataclasses.replace(limits, max_prompt_tokens=max_model_len - 1)
         state.pcd = PCDService(engine_client, state, limits)
         await _warm_up(state.pcd)
         logger.info("vllm-pcd ready on %s (limits: %s)", CHAT_PATH, limits)
