@@ -204,6 +204,8 @@ def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     plain = FuncFormatter(lambda value, _: f"{value:g}")
+    # Minor ticks at 2, 3 and 5 per decade only; more crowd the log axis.
+    sparse = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "235" else "")
 
     contexts = sorted({c["context_tokens"] for c in cells})
     fig, axes = plt.subplots(1, len(contexts), figsize=(5 * len(contexts), 4), squeeze=False)
@@ -219,7 +221,7 @@ def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks([c["fields"] for c in mine], [str(c["fields"]) for c in mine])
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.yaxis.set_minor_formatter(sparse)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"vllm-pcd latency per method, lower is better\n{title}", fontsize=10)
@@ -271,6 +273,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
+    code = provenance()  # before the (long) run, while the tree is the one being served
     tokenizer = load_tokenizer(args.model)
     client = await Client(url).connect()
     grid = [(f, c) for c in args.contexts for f in args.fields]
@@ -304,7 +307,7 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "processor": platform.processor()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "code": provenance(),
+        "code": code,
         "reps": args.reps,
         "methods": args.methods,
         "cells": cells,

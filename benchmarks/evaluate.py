@@ -77,6 +77,7 @@ def disagreements(cases: list[dict[str, Any]], runs: dict[str, list[Outcome]]
 
 
 async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
+    code = provenance()
     tokenizer = load_tokenizer(args.model)
     cases = load_cases(args.data, args.limit)
     client = await Client(url).connect()
@@ -99,7 +100,7 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
         "model": str(args.model),
         "data": str(args.data),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "code": provenance(),
+        "code": code,
         "cases": len(cases),
         "gold": {"true_share": true_share(gold, gold=True),
                  "first_option_share": first_option_share(gold, gold=True)},
