@@ -1,5 +1,7 @@
 """Planner: shared context, branch suffixes and in-context single-token codes."""
 
+import math
+
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
@@ -115,3 +117,19 @@ def test_branch_stems():
     field = FieldSpec("naïve \"x\"", "boolean", (True, False))
     assert branch_text(field, "json") == '{"naïve \\"x\\"":'
     assert branch_text(field, "codes") == 'naïve "x":'
+
+
+def test_thirty_two_token_fields_fit_one_microbatch(tokenizer):
+    from vllm_pcd.engine import microbatches
+
+    props = {f"field_{i}": ({"type": "boolean"} if i % 2 else
+                            {"enum": ["credit_card", "credit_transfer", "cash"]})
+             for i in range(32)}
+    spec = parse_schema({"type": "object", "properties": props, "required": list(props),
+                         "additionalProperties": False})
+    for formulation in ("json", "codes"):
+        plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                          formulation=formulation)
+        assert len(microbatches(plan.scorings(), 32)) == 1
+    seq = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], mode="sequence")
+    assert len(microbatches(seq.scorings(), 32)) == math.ceil(spec.total_candidates / 32)

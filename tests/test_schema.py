@@ -79,6 +79,7 @@ def test_enum_without_type_is_accepted():
     (with_field("e", {"type": "string", "enum": ["a"], "description": 3}), "description"),
     (with_field("e", {"type": "string", "enum": ["a"], "description": "d" * 2000}), "description"),
     (with_field("e", {"type": "string", "enum": ["a"], "x-pcd-mode": "fast"}), "mode"),
+    (with_field("e", {"type": "string", "enum": ["a"], "x-pcd-mode": None}), "mode"),
     (with_field("e", {"type": "string", "enum": ["a"], "minLength": 1}), "unsupported_keyword"),
     (with_field("e", "boolean"), "field_type"),
     (with_field("", {"type": "boolean"}), "field_name"),

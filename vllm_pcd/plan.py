@@ -91,6 +91,9 @@ class Plan:
         for i, fp in enumerate(self.fields):
             if isinstance(fp, FieldPlan):
                 out.append(Scoring(i, fp.suffix_ids, fp.code_ids, 1))
+            elif fp.mode == "token":  # one branch, however many trie nodes it needs
+                out += [Scoring(i, n.prefix, n.children, int(k == 0))
+                        for k, n in enumerate(fp.nodes)]
             else:
                 out += [Scoring(i, n.prefix, n.children, n.units) for n in fp.nodes]
         return out

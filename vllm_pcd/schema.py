@@ -116,7 +116,7 @@ def _parse_field(name: str, raw: Any) -> FieldSpec:
         description = _check_text(path + ".description", description, what="description",
                                   max_chars=_MAX_DESCRIPTION_CHARS, rule="description")
     mode = raw.get("x-pcd-mode")
-    if mode is not None and mode not in MODES:
+    if "x-pcd-mode" in raw and mode not in MODES:
         raise _fail(path + ".x-pcd-mode", "mode", f"must be one of {list(MODES)}, got {shown(mode)}")
     kind = raw.get("type")
     if kind == "boolean":
