@@ -26,7 +26,7 @@ from benchmarks.metrics import (Case, exact_accuracy, field_accuracy, first_opti
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "eval" / "dev.jsonl"
-DEFAULT_METHODS = ["pcd_token", "pcd_sequence", "ar_json"]
+DEFAULT_METHODS = ["pcd_token", "pcd_sequence", "pcd_token_codes", "ar_json"]
 
 
 def load_cases(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

@@ -104,11 +104,13 @@ def _error_text(err: openai.APIStatusError) -> str:
     return f"HTTP {err.status_code}: {body.get('message') or err.message}"
 
 
-async def pcd(client: Client, task: Task, salt: str, mode: str = "token") -> Outcome:
+async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
+              formulation: str = "json") -> Outcome:
     try:
         resp = await client.api.chat.completions.create(
             model=client.model, messages=task.messages, temperature=0,
-            extra_body={"chat_template_kwargs": {"pcd_schema": task.schema, "pcd_mode": mode},
+            extra_body={"chat_template_kwargs": {"pcd_schema": task.schema, "pcd_mode": mode,
+                                                 "pcd_formulation": formulation},
                         "cache_salt": salt})
     except openai.BadRequestError as err:
         if mode == "token":
@@ -122,6 +124,11 @@ async def pcd(client: Client, task: Task, salt: str, mode: str = "token") -> Out
 
 async def pcd_sequence(client: Client, task: Task, salt: str) -> Outcome:
     return await pcd(client, task, salt, mode="sequence")
+
+
+async def pcd_token_codes(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode with per-field questions and letter codes (the per-field scoring prompt)."""
+    return await pcd(client, task, salt, formulation="codes")
 
 
 def ar_instruction(spec: SchemaSpec) -> str:
@@ -247,12 +254,14 @@ async def floor(client: Client, task: Task, salt: str) -> Outcome:
 METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token": pcd,
     "pcd_sequence": pcd_sequence,
+    "pcd_token_codes": pcd_token_codes,
     "ar_json": ar_json,
     "per_field": per_field,
     "systemone": systemone,
     "floor": floor,
 }
-ANSWERING = ("pcd_token", "pcd_sequence", "ar_json", "per_field", "systemone")
+ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "ar_json", "per_field",
+             "systemone")
 
 
 async def run_method(name: str, client: Client, task: Task) -> Outcome:
