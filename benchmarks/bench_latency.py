@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.methods import (ANSWERING, METHODS, Client, Outcome, Task, load_tokenizer,
-                                make_task, provenance, run_method, server, serving_note)
+                                make_task, provenance, run_method, run_on_server)
 from benchmarks.metrics import is_schema_valid, median, p90
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -349,13 +349,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    serving = serving_note(args.url)
-    print(serving, file=sys.stderr)
-    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
-        results = asyncio.run(run(args, url, serving))
+    results = run_on_server(args, run)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    plot(results["cells"], args.methods, serving, args.out.with_suffix(".png"))
+    plot(results["cells"], args.methods, results["serving"], args.out.with_suffix(".png"))
     print(table(results))
     print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
     return results

@@ -10,7 +10,6 @@ fails on a case answers nothing there, which counts against its accuracies.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.methods import (METHODS, Client, Outcome, load_tokenizer, make_task, provenance,
-                                run_method, server, serving_note)
+                                run_method, run_on_server)
 from benchmarks.metrics import (Case, exact_accuracy, field_accuracy, first_option_share, median,
                                 p90, true_share, valid_rate)
 
@@ -167,11 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    serving = serving_note(args.url)
-    print(serving, file=sys.stderr)
-    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
-        results = asyncio.run(run(args, url, serving))
+    results = run_on_server(args, run)
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
     print(f"wrote {args.out}")

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -294,6 +295,16 @@ def provenance() -> dict[str, Any]:
 
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, Any]]]
+                  ) -> dict[str, Any]:
+    """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    serving = serving_note(args.url)
+    print(serving, file=sys.stderr)
+    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
+        return asyncio.run(run(args, url, serving))
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from vllm_pcd.plan import (FieldPlan, branch_text, build_plan, choose_codes, instruction_text,
+from vllm_pcd.plan import (branch_text, build_plan, choose_codes, instruction_text,
                            with_instruction)
 from vllm_pcd.sequence import SequenceFieldPlan
 from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema

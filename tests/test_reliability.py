@@ -3,7 +3,6 @@
 import copy
 import json
 import re
-import urllib.request
 
 import httpx
 import pytest
