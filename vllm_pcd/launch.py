@@ -40,8 +40,11 @@ def serve(model: str | os.PathLike, *, args: Sequence[str] = (), plugins: str | 
           timeout_s: float = 900, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run `vllm serve MODEL` and yield its base URL (`http://127.0.0.1:PORT`)."""
     port = port or free_port()
-    child_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **(env or {})}
-    child_env.pop("VLLM_PLUGINS", None)
+    child_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
+    # Run as `vllm serve` runs for users, whatever an in-process engine in this process set.
+    for name in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        child_env.pop(name, None)
+    child_env.update(env or {})
     if plugins is not None:
         child_env["VLLM_PLUGINS"] = plugins
     command = [vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
