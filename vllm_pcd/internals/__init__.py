@@ -3,6 +3,7 @@
 `apply()` checks the vLLM version first and refuses an untested one; each module below
 patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
+- `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def apply() -> None:
     if _applied:
         return
     check_vllm_version()
-    from vllm_pcd.internals import admission
+    from vllm_pcd.internals import admission, fork
 
     admission.apply()
+    fork.apply()
     _applied = True

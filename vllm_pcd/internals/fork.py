@@ -1,0 +1,185 @@
+"""Branches fork the shared context's KV at its exact length, not at a block boundary.
+
+vLLM's prefix cache shares only full KV blocks, so every branch would recompute the last
+`shared_len % block_size` tokens of the shared context. A request tagged with
+`extra_args={"pcd_shared": n}` (the context request and each branch, n = shared length):
+- leaves, when it releases its blocks, the block holding tokens up to n in vLLM's prefix
+  cache under a hash of exactly those n tokens (only once that KV is computed, so a later
+  step's hit never reads a block still being written);
+- on admission, after the ordinary full-block lookup reached the block boundary below n,
+  takes that block too, so its computed tokens start at n. vLLM's own partial-hit
+  copy-on-write then gives the branch a private copy of it (the worker copies the block
+  before the step's forward) while the full blocks stay shared.
+The entry is an ordinary evictable cache entry: nothing outlives vLLM's own reference
+counting, so a finished, aborted or preempted request leaks nothing, and an evicted entry
+just means the branch recomputes the tail (the engine reports what it computed).
+Only an engine with one full-attention KV cache group and nothing that reads hashes
+(KV events, connectors, EAGLE, context parallelism) gets it; `PCD_FORK=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+SHARED_KEY = "pcd_shared"
+ENV = "PCD_FORK"
+
+
+def fork_args(shared_len: int) -> dict[str, int]:
+    return {SHARED_KEY: shared_len}
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Per-scheduler state: how to hash a shared context's tail."""
+
+    hash_fn: Callable[[Any], bytes]
+    block_size: int
+
+    def boundary(self, request: Any) -> int | None:
+        """The tagged shared length when it ends inside a block; None otherwise."""
+        params = request.sampling_params
+        extra = getattr(params, "extra_args", None) if params is not None else None
+        n = extra.get(SHARED_KEY) if extra else None
+        if type(n) is not int or n <= 0 or n % self.block_size == 0 or request.mm_features:
+            return None
+        return n
+
+    def tail_hash(self, request: Any, n: int) -> bytes:
+        """Chained like vLLM's block hashes, over the tokens of the partial block only."""
+        from vllm.v1.core.kv_cache_utils import (generate_block_hash_extra_keys,
+                                                 hash_block_tokens)
+
+        start = n - n % self.block_size
+        parent = request.block_hashes[start // self.block_size - 1] if start else None
+        extra_keys, _ = generate_block_hash_extra_keys(request, start, n, 0)
+        return hash_block_tokens(self.hash_fn, parent, request.all_token_ids[start:n],
+                                 extra_keys)
+
+
+def off_reason(scheduler: Any) -> str | None:
+    """Why this engine keeps plain prefix caching; None when it gets the fork."""
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    manager = scheduler.kv_cache_manager
+    coordinator = manager.coordinator
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
+    if not manager.enable_caching:
+        return "prefix caching is off"
+    if type(coordinator) is not UnitaryKVCacheCoordinator:
+        return "the model has more than one KV cache group"
+    (group,) = coordinator.single_type_managers
+    if type(group) is not FullAttentionManager:
+        return f"the KV cache group is {type(group).__name__}, not full attention"
+    if scheduler.connector is not None or manager.enable_kv_cache_events:
+        return "a KV connector or KV cache events read block hashes"
+    if manager.use_eagle or coordinator.num_reprefillable_tokens:
+        return "speculative decoding re-reads cached tokens"
+    if group.dcp_world_size != 1 or coordinator.pcp_world_size != 1:
+        return "context parallelism shards blocks"
+    if manager.block_pool.hash_block_size != group.block_size:
+        return "block hashes are finer than blocks"
+    return None
+
+
+def _install(scheduler: Any) -> None:
+    from vllm.logger import init_logger
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    reason = off_reason(scheduler)
+    manager = scheduler.kv_cache_manager
+    if reason is not None:
+        manager.pcd_fork = None
+        init_logger(__name__).info("PCD fork off (%s): plain prefix caching", reason)
+        return
+    hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+    manager.pcd_fork = Fork(hash_fn, manager.coordinator.single_type_managers[0].block_size)
+
+
+def _fork_of(manager: Any) -> Fork | None:
+    return getattr(manager, "pcd_fork", None)
+
+
+def _extend_hit(manager: Any, request: Any, blocks: Any, hit: int) -> tuple[Any, int]:
+    """The ordinary hit plus the shared context's partial tail block, when cached."""
+    fork = _fork_of(manager)
+    n = fork.boundary(request) if fork is not None else None
+    if (n is None or not manager.prefix_cache_lookup_enabled(request)
+            or hit != n - n % fork.block_size or n >= request.num_tokens):
+        return blocks, hit
+    tail = manager.block_pool.get_cached_block(fork.tail_hash(request, n), [0])
+    if tail is None:
+        return blocks, hit
+    return manager.create_kv_cache_blocks(([*blocks.blocks[0], *tail],)), n
+
+
+def _leave_tail(manager: Any, request: Any) -> None:
+    """Before a request's blocks are released: cache its computed shared-context tail."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    fork = _fork_of(manager)
+    n = fork.boundary(request) if fork is not None else None
+    if n is None or request.num_computed_tokens < n:
+        return
+    tail_hash = fork.tail_hash(request, n)
+    if manager.block_pool.get_cached_block(tail_hash, [0]) is not None:
+        return
+    blocks = manager.coordinator.single_type_managers[0].req_to_blocks.get(request.request_id)
+    if not blocks or len(blocks) <= n // fork.block_size:
+        return
+    manager.block_pool._insert_block_hash(make_block_hash_with_group_id(tail_hash, 0),
+                                          blocks[n // fork.block_size], num_tokens=n)
+
+
+def _require(cls: Any, *names: str) -> None:
+    missing = [n for n in names if not callable(getattr(cls, n, None))]
+    if missing:
+        raise RuntimeError(f"vllm-pcd fork: {cls.__qualname__} lacks {missing}; "
+                           "this vLLM's KV cache manager is not the one it was written for")
+
+
+def apply() -> None:
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    _require(Scheduler, "__init__")
+    _require(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
+             "create_kv_cache_blocks", "prefix_cache_lookup_enabled")
+    _require(BlockPool, "get_cached_block", "_insert_block_hash")
+
+    init = Scheduler.__init__
+    lookup = KVCacheManager.get_computed_blocks
+    free = KVCacheManager.free
+    pop_for_free = KVCacheManager.pop_blocks_for_free
+
+    @functools.wraps(init)
+    def init_with_fork(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _install(self)
+
+    @functools.wraps(lookup)
+    def lookup_with_fork(self: Any, request: Any) -> tuple[Any, int, int]:
+        blocks, hit, pinned = lookup(self, request)
+        blocks, hit = _extend_hit(self, request, blocks, hit)
+        return blocks, hit, pinned
+
+    @functools.wraps(free)
+    def free_with_fork(self: Any, request: Any) -> None:
+        _leave_tail(self, request)
+        free(self, request)
+
+    @functools.wraps(pop_for_free)
+    def pop_for_free_with_fork(self: Any, request: Any) -> Any:
+        _leave_tail(self, request)
+        return pop_for_free(self, request)
+
+    Scheduler.__init__ = init_with_fork
+    KVCacheManager.get_computed_blocks = lookup_with_fork
+    KVCacheManager.free = free_with_fork
+    KVCacheManager.pop_blocks_for_free = pop_for_free_with_fork
