@@ -1,0 +1,158 @@
+"""The KV fork: a PCD request computes every shared-context token once and, per request after
+it, only that request's own tokens, whatever the block size; scores stay exact against an
+FP32 transformers forward over the whole prompt, and no block leaks."""
+
+import math
+
+import pytest
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from tests.conftest import MESSAGE, SUPPORT_SCHEMA
+from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
+from vllm_pcd import constrained
+from vllm_pcd.engine import branch_params, microbatches, prefill_params
+from vllm_pcd.internals import fork
+from vllm_pcd.pcd import as_messages
+from vllm_pcd.plan import build_plan
+from vllm_pcd.schema import Limits, parse_schema
+
+
+def scheduler(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def free_blocks(llm):
+    return scheduler(llm).kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def idle_free_blocks(llm):
+    """Every block but the null block is free (cached blocks hold no reference)."""
+    return scheduler(llm).kv_cache_manager.block_pool.num_gpu_blocks - 1
+
+
+def block_size(llm):
+    return scheduler(llm).kv_cache_manager.pcd_fork.block_size
+
+
+def own_tokens(result):
+    """Shared context once, then each request's tokens after it."""
+    return len(result.plan.shared_ids) + sum(len(s.suffix_ids) for s in result.plan.scorings())
+
+
+def spread(n, k=4):
+    """Up to k indices from first to last."""
+    return sorted({i * (n - 1) // max(k - 1, 1) for i in range(k)})
+
+
+def assert_scores_match_reference(model, result, indices):
+    """Each request's log-probabilities, renormalised over its wanted tokens, equal those of a
+    transformers FP32 forward over its whole prompt."""
+    scorings = result.plan.scorings()
+    for k in indices:
+        s, got = scorings[k], result.execution.branches[k].logprobs
+        ids = [*result.plan.shared_ids, *s.suffix_ids]
+        expected = reference_scores(model, ids, s.token_ids)
+        norm = math.log(sum(math.exp(got[t]) for t in s.token_ids))
+        worst = max(abs(got[t] - norm - e) for t, e in zip(s.token_ids, expected))
+        assert worst < TOLERANCE, f"request {k}: {got} vs {expected}"
+
+
+def test_default_engine_gets_the_fork(fp32_llm, monkeypatch):
+    assert fork.off_reason(scheduler(fp32_llm)) is None
+    assert scheduler(fp32_llm).kv_cache_manager.pcd_fork is not None
+    monkeypatch.setenv(fork.ENV, "0")
+    assert fork.off_reason(scheduler(fp32_llm)) == "PCD_FORK=0"
+
+
+@pytest.mark.parametrize("context", [100, 300, 1000])
+@pytest.mark.parametrize("n_fields", [1, 8, 32])
+def test_each_token_is_computed_once(fp32_llm, tokenizer, reference_model, n_fields, context):
+    result = constrained(fp32_llm, synthetic_ticket(tokenizer, context),
+                         synthetic_schema(n_fields), cache_salt=f"fork-{n_fields}-{context}")
+    shared, plan = len(result.plan.shared_ids), result.plan
+    assert result.execution.tokens_computed == own_tokens(result)
+    assert all(b.cached_tokens == shared for b in result.execution.branches)
+    if len(plan.scorings()) == len(plan.fields):  # one request per field: no shared suffixes
+        assert result.execution.tokens_computed == shared + plan.branch_tokens
+    batches = microbatches(plan.scorings(), Limits().max_branches_per_batch)
+    assert result.execution.backbone_calls == 1 + len(batches)
+    # A full forward per request takes minutes on a CPU at 32 fields: check a spread of them.
+    assert_scores_match_reference(reference_model, result, spread(len(plan.scorings())))
+    assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
+
+
+def aligned_text(tokenizer, size):
+    """A message whose shared context is a whole number of blocks (no partial tail)."""
+    spec = parse_schema(SUPPORT_SCHEMA)
+    text = MESSAGE
+    for _ in range(2 * size):
+        if len(build_plan(tokenizer, spec, as_messages(text)).shared_ids) % size == 0:
+            return text
+        text += " a"
+    raise AssertionError("no block-aligned shared context found")
+
+
+@pytest.mark.parametrize("case", ["under-one-block", "block-aligned"])
+def test_short_and_aligned_contexts(fp32_llm, tokenizer, reference_model, case):
+    size = block_size(fp32_llm)
+    text = MESSAGE if case == "under-one-block" else aligned_text(tokenizer, size)
+    result = constrained(fp32_llm, text, SUPPORT_SCHEMA, cache_salt=f"fork-{case}")
+    shared = len(result.plan.shared_ids)
+    assert (shared < size) == (case == "under-one-block")
+    assert (shared % size == 0) == (case == "block-aligned")
+    assert result.execution.tokens_computed == own_tokens(result)
+    assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings())))
+
+
+def test_without_the_fork_the_report_is_plain_prefix_caching(fp32_llm, tokenizer):
+    """An engine without the fork recomputes each request's partial block, and says so."""
+    manager = scheduler(fp32_llm).kv_cache_manager
+    size, saved = block_size(fp32_llm), manager.pcd_fork
+    manager.pcd_fork = None
+    try:
+        result = constrained(fp32_llm, synthetic_ticket(tokenizer, 300), synthetic_schema(8),
+                             cache_salt="fork-off")
+    finally:
+        manager.pcd_fork = saved
+    shared = len(result.plan.shared_ids)
+    assert shared % size
+    redone = len(result.plan.scorings()) * (shared % size)
+    assert result.execution.tokens_computed == own_tokens(result) + redone
+    assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
+
+
+def salted(ids, salt):
+    return TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt)
+
+
+def first_output(engine, request_id):
+    while True:
+        for output in engine.step():
+            if output.request_id == request_id:
+                return output
+
+
+def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
+    """A forked request aborted mid-decode, and one aborted before it ran, leak nothing."""
+    spec = parse_schema(SUPPORT_SCHEMA)
+    plan = build_plan(tokenizer, spec, as_messages(synthetic_ticket(tokenizer, 300)))
+    shared, salt = len(plan.shared_ids), "fork-abort"
+    first, second = plan.scorings()[:2]
+    fp32_llm.generate([salted(plan.shared_ids, salt)], prefill_params(shared), use_tqdm=False)
+    engine = fp32_llm.llm_engine
+    long_branch = SamplingParams(max_tokens=64, ignore_eos=True, detokenize=False,
+                                 extra_args=fork.fork_args(shared))
+    engine.add_request("abort-running", salted(plan.shared_ids + first.suffix_ids, salt),
+                       long_branch)
+    engine.add_request("abort-waiting", salted(plan.shared_ids + second.suffix_ids, salt),
+                       branch_params(second.token_ids, shared_len=shared))
+    engine.abort_request(["abort-waiting"])
+    assert first_output(engine, "abort-running").num_cached_tokens == shared
+    assert free_blocks(fp32_llm) < idle_free_blocks(fp32_llm)
+    engine.abort_request(["abort-running"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not scheduler(fp32_llm).requests
+    assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
