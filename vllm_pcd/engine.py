@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
@@ -22,7 +23,8 @@ from vllm.inputs import TokensPrompt
 
 from vllm_pcd.internals.admission import group_args
 from vllm_pcd.internals.fork import fork_args
-from vllm_pcd.plan import Plan, Scoring
+from vllm_pcd.internals.lm_head import head_args
+from vllm_pcd.plan import FieldPlan, Plan, Scoring
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,21 @@ def prefill_params(shared_len: int | None = None) -> SamplingParams:
                           extra_args=fork_args(shared_len) if shared_len else None)
 
 
+def restrictable(plan: Plan) -> list[bool]:
+    """Per scoring: whether its scores are renormalised over exactly its token ids at one
+    position (a token-mode field this request scores alone), so the LM head may project onto
+    those ids only. Sequence-mode and multi-node fields need full-vocabulary log-probabilities."""
+    scorings = plan.scorings()
+    requests = Counter(s.field_index for s in scorings)
+    token_mode = [isinstance(fp, FieldPlan) or fp.mode == "token" for fp in plan.fields]
+    return [requests[s.field_index] == 1 and token_mode[s.field_index] for s in scorings]
+
+
 def branch_params(token_ids: Sequence[int], group: dict[str, Any] | None = None,
-                  shared_len: int | None = None) -> SamplingParams:
-    extra = {**(group or {}), **(fork_args(shared_len) if shared_len else {})}
+                  shared_len: int | None = None, restrict: bool = False) -> SamplingParams:
+    """`restrict` tags the request so the LM head projects onto `token_ids` only."""
+    extra = {**(group or {}), **(fork_args(shared_len) if shared_len else {}),
+             **(head_args(token_ids) if restrict else {})}
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                           logprob_token_ids=list(token_ids), extra_args=extra or None)
 
@@ -120,11 +134,13 @@ def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
                              use_tqdm=False)
     mid = time.perf_counter()
     scorings = plan.scorings()
+    restrict = restrictable(plan)
     outputs: list[Any] = []
     for batch in microbatches(scorings, branches_per_batch):
         outputs += llm.generate(
             [_prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt) for i in batch],
-            [branch_params(scorings[i].token_ids, shared_len=shared_len) for i in batch],
+            [branch_params(scorings[i].token_ids, shared_len=shared_len, restrict=restrict[i])
+             for i in batch],
             use_tqdm=False)
     end = time.perf_counter()
     branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
@@ -151,6 +167,7 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                                            prefill_params(shared_len), f"{rid}-ctx"))
     mid = time.perf_counter()
     scorings = plan.scorings()
+    restrict = restrictable(plan)
     outputs: list[Any] = []
     for number, batch in enumerate(microbatches(scorings, branches_per_batch)):
         together = group_args(f"{rid}-b{number}", len(batch))
@@ -158,7 +175,8 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_final(engine.generate(
                 _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
-                branch_params(scorings[i].token_ids, together, shared_len), f"{rid}-s{i}")))
+                branch_params(scorings[i].token_ids, together, shared_len, restrict[i]),
+                f"{rid}-s{i}")))
                 for i in batch]
         outputs += [t.result() for t in tasks]
     end = time.perf_counter()

@@ -4,6 +4,7 @@
 patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
+- `lm_head`: PCD rows project the LM head onto their allowed token ids only.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def apply() -> None:
     if _applied:
         return
     check_vllm_version()
-    from vllm_pcd.internals import admission, fork
+    from vllm_pcd.internals import admission, fork, lm_head
 
     admission.apply()
     fork.apply()
+    lm_head.apply()
     _applied = True

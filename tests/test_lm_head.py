@@ -1,0 +1,149 @@
+"""The restricted LM head: PCD rows projected onto their allowed ids give the scores of the
+full projection renormalised over those ids; untagged rows of the same batch stay stock."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
+from vllm_pcd import constrained
+from vllm_pcd.engine import branch_params, restrictable
+from vllm_pcd.internals import lm_head
+from vllm_pcd.pcd import as_messages
+from vllm_pcd.plan import build_plan
+from vllm_pcd.schema import parse_schema
+
+# Restricted vs full projection, both FP32 in one engine. The stock CPU head (oneDNN) is itself
+# ~1.3e-5 from an FP64 projection on SmolLM2's logits (|logit| ~ 20), the gathered one ~5e-6,
+# so scores from the two may differ by ~2e-5 through summation order alone.
+SAME = 5e-5
+
+# One field per case the engine must tell apart: single-request token fields (restricted),
+# a token field whose values part over several trie nodes and a sequence-mode field.
+MIXED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string", "enum": ["billing", "technical", "shipping"]},
+        "refund_requested": {"type": "boolean"},
+        "payment": {"type": "string", "enum": ["credit_card", "credit_note", "debit_card"]},
+        "channel": {"type": "string", "enum": ["email", "phone"], "x-pcd-mode": "sequence"},
+    },
+    "required": ["topic", "refund_requested", "payment", "channel"],
+    "additionalProperties": False,
+}
+
+
+def rows_restricted(run):
+    """What `run()` returned and how many rows the restricted head projected meanwhile."""
+    before = lm_head.STATS.rows
+    out = run()
+    return out, lm_head.STATS.rows - before
+
+
+def run_pcd(llm, monkeypatch, schema, on, salt, **kwargs):
+    monkeypatch.setenv(lm_head.ENV, "1" if on else "0")
+    return rows_restricted(lambda: constrained(llm, MESSAGE, schema, cache_salt=salt, **kwargs))
+
+
+def worst(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_engine_restricts_only_scores_renormalised_at_one_position(tokenizer):
+    codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
+                       formulation="codes")
+    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE))
+    fields = [s.field_index for s in json.scorings()]
+    assert fields.count(2) > 1 and fields.count(3) > 1  # the cases this test is about
+    assert restrictable(json) == [i in (0, 1) for i in fields]
+    assert restrictable(codes) == [i != 3 for i in (s.field_index for s in codes.scorings())]
+    assert branch_params([5, 7], restrict=True).extra_args == {lm_head.ALLOWED_KEY: [5, 7]}
+    assert branch_params([5, 7]).extra_args is None
+
+
+def test_restricted_rows_follow_the_processor(monkeypatch):
+    """Bias, soft cap and scale as the stock processor applies them; rows of different
+    widths; an untied [vocab, hidden] head; untagged rows from the stock projection."""
+    torch.manual_seed(0)
+    vocab, hidden = 300, 16
+    weight, bias, h = torch.randn(vocab, hidden), torch.randn(vocab), torch.randn(4, hidden)
+    processor = SimpleNamespace(org_vocab_size=vocab, soft_cap=5.0, scale=0.5)
+    stock_rows = []
+
+    def stock(x):
+        stock_rows.append(x.shape[0])
+        return torch.tanh((x @ weight.T + bias) / 5.0) * 5.0 * 0.5
+
+    rows, ids = [0, 2], [[7, 3, 299], [11]]
+    out = lm_head.restricted_logits(processor, SimpleNamespace(weight=weight), h, bias, rows,
+                                    ids, stock)
+    assert stock_rows == [2]  # the untagged rows 1 and 3, in one call
+    assert torch.equal(out[[1, 3]], stock(h[[1, 3]]))
+    expected = stock(h)
+    for row, allowed in zip(rows, ids):
+        assert torch.allclose(out[row, allowed], expected[row, allowed], atol=1e-5)
+        assert torch.isinf(out[row]).sum() == vocab - len(allowed)
+
+
+def test_codes_match_full_head_and_fp32_reference(fp32_llm, reference_model, monkeypatch):
+    full, off_rows = run_pcd(fp32_llm, monkeypatch, SIX_FIELD_SCHEMA, False, "head-off",
+                             formulation="codes")
+    restricted, on_rows = run_pcd(fp32_llm, monkeypatch, SIX_FIELD_SCHEMA, True, "head-on",
+                                  formulation="codes")
+    assert off_rows == 0 and on_rows == len(SIX_FIELD_SCHEMA["properties"])
+    assert lm_head.STATS.route == "torch"
+    assert restricted.object == full.object
+    plan = restricted.plan
+    for i, (fp, a, b) in enumerate(zip(plan.fields, restricted.fields, full.fields)):
+        assert worst(a.scores, b.scores) < SAME, fp.field.name
+        expected = reference_scores(reference_model, plan.branch_ids(i), fp.code_ids)
+        assert worst(a.scores, expected) < TOLERANCE, fp.field.name
+        # The engine itself renormalised: its row held only the allowed ids.
+        raw = restricted.execution.branches[i].logprobs
+        assert math.isclose(sum(math.exp(v) for v in raw.values()), 1.0, rel_tol=1e-5)
+
+
+def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
+    full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off")
+    restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on")
+    assert rows == sum(restrictable(restricted.plan)) == 2
+    assert restricted.object == full.object
+    for a, b in zip(restricted.fields, full.fields):
+        assert worst(a.scores, b.scores) < SAME, a.field.name
+
+
+def test_plain_request_in_a_restricted_batch_stays_stock(fp32_llm, tokenizer, monkeypatch):
+    """One step runs a plain request, two tagged branches and a request with a malformed
+    tag; only the branches are restricted and the others get the stock log-probabilities."""
+    plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE),
+                      formulation="codes")
+    plain = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False)
+    malformed = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False,
+                               extra_args={lm_head.ALLOWED_KEY: ["not", "ids"]})
+    ids = [list(plan.shared_ids), *(plan.branch_ids(i) for i in range(2)), list(plan.shared_ids)]
+    params = [plain, *(branch_params(fp.code_ids, restrict=True) for fp in plan.fields), malformed]
+
+    def run(on):
+        monkeypatch.setenv(lm_head.ENV, "1" if on else "0")
+        salt = f"mixed-{on}"
+        prompts = [TokensPrompt(prompt_token_ids=p, cache_salt=salt) for p in ids]
+        return rows_restricted(lambda: fp32_llm.generate(prompts, params, use_tqdm=False))
+
+    (full, off_rows), (restricted, on_rows) = run(False), run(True)
+    assert (off_rows, on_rows) == (0, 2)
+    for row in (0, 3):
+        stock, got = full[row].outputs[0], restricted[row].outputs[0]
+        assert got.token_ids == stock.token_ids
+        assert {t: p.logprob for t, p in got.logprobs[0].items()} == \
+               pytest.approx({t: p.logprob for t, p in stock.logprobs[0].items()}, abs=1e-6)
+    for row, fp in zip((1, 2), plan.fields):
+        stock = [full[row].outputs[0].logprobs[0][t].logprob for t in fp.code_ids]
+        got = [restricted[row].outputs[0].logprobs[0][t].logprob for t in fp.code_ids]
+        norm = math.log(sum(math.exp(v) for v in stock))
+        assert worst(got, [v - norm for v in stock]) < SAME
+        assert restricted[row].outputs[0].token_ids[0] in fp.code_ids

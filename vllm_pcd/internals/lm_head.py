@@ -1,0 +1,224 @@
+"""PCD rows of a batch project the LM head onto their allowed token ids only.
+
+A token-mode branch reads the log-probabilities of a few option tokens, renormalised over
+exactly those tokens, so the full-vocabulary projection of its row is wasted work. A request
+tagged with `extra_args={"pcd_allowed": [ids]}` gets, at every position it samples, logits
+h · W[ids]ᵀ (+ bias[ids], then the processor's soft cap and scale) from `kernels.project`,
+written into a float32 row that is -inf everywhere else. vLLM's log-softmax over that row is
+the distribution renormalised over the ids, which is what PCD reports anyway, and a greedy
+sample is one of them. Untagged rows of the same batch go through the stock head.
+
+Rows are the V1 model runner's sample positions: one per request of its input batch, in
+order, without speculative decoding. The runner is known to the logits processor only while
+it executes a step, so prompt log-probabilities and dummy runs keep the stock head. Model
+Runner V2, LoRA, speculative decoding, a vocabulary-parallel or quantized head, and
+logits-as-input models keep it too, with a warning. `PCD_RESTRICTED_HEAD=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from vllm.logger import init_logger
+
+# Under "vllm" so the messages go where vLLM's own do, at its level.
+logger = init_logger("vllm.pcd.lm_head")
+
+ALLOWED_KEY = "pcd_allowed"
+ENV = "PCD_RESTRICTED_HEAD"
+
+# The V1 runner executing the current step, read by the logits processor.
+_RUNNER: contextvars.ContextVar[Any] = contextvars.ContextVar("pcd_runner", default=None)
+
+
+def head_args(token_ids: Sequence[int]) -> dict[str, list[int]]:
+    return {ALLOWED_KEY: list(token_ids)}
+
+
+@dataclass
+class Stats:
+    """What the restricted head did in this process (tests and diagnostics read it)."""
+
+    route: str | None = None  # the kernels route of the last restricted projection
+    steps: int = 0            # logits computations with at least one restricted row
+    rows: int = 0             # restricted rows in all
+
+
+STATS = Stats()
+
+
+def _warn_once(reason: str) -> None:
+    logger.warning_once("PCD restricted LM head off (%s): full projection", reason)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def runner_problem(runner: Any) -> str | None:
+    """Why this V1 runner's rows cannot be restricted; None when they can."""
+    if runner.speculative_config is not None:
+        return "speculative decoding samples several rows per request"
+    if runner.lora_config:
+        return "LoRA wraps the logits processor"
+    return None
+
+
+def head_problem(processor: Any, lm_head: Any, bias: torch.Tensor | None,
+                 skip_gather: bool) -> str | None:
+    """Why this head cannot be projected row by row here; None when it can."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    if processor.logits_as_input or skip_gather:
+        return "the model computes its own logits"
+    if getattr(lm_head, "tp_size", 1) != 1:
+        return "the head is split over tensor-parallel ranks"
+    method = getattr(lm_head, "quant_method", None)
+    if not isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+        return f"the head is quantized ({type(method).__name__})"
+    weight = getattr(lm_head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 \
+            or weight.shape[0] < processor.org_vocab_size:
+        return "the head has no dense [vocab, hidden] weight"
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        return f"the logits bias is {tuple(bias.shape)}, not one value per head row"
+    return None
+
+
+def _allowed(params: Any, vocab: int) -> list[int] | None:
+    """A request's allowed ids, or None when it carries none (or malformed ones)."""
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    ids = extra.get(ALLOWED_KEY) if extra else None
+    if ids is None:
+        return None
+    if not (isinstance(ids, (list, tuple)) and ids
+            and all(type(t) is int and 0 <= t < vocab for t in ids)):
+        _warn_once(f"a request's {ALLOWED_KEY} is not a list of token ids below {vocab}")
+        return None
+    return list(ids)
+
+
+def tagged_rows(runner: Any, rows: int, vocab: int) -> tuple[list[int], list[list[int]]]:
+    """Restricted rows of this step's logits and each one's ids (row i = request i)."""
+    req_ids = runner.input_batch.req_ids
+    if len(req_ids) != rows:
+        return [], []
+    picked, ids = [], []
+    for row, req_id in enumerate(req_ids):
+        state = runner.requests.get(req_id)
+        allowed = _allowed(state.sampling_params if state else None, vocab)
+        if allowed is not None:
+            picked.append(row)
+            ids.append(allowed)
+    return picked, ids
+
+
+@functools.cache
+def _route(device: torch.device) -> str:
+    """The dense route for this device, logged once: the head is projected as stored."""
+    from kernels import select_route
+
+    route = select_route(device, "dense")
+    logger.info("PCD restricted LM head: route %s on %s", route, device)
+    return route
+
+
+def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
+                      bias: torch.Tensor | None, rows: list[int], ids: list[list[int]],
+                      stock: Any) -> torch.Tensor:
+    """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere),
+    the others by `stock(hidden_subset)`."""
+    from kernels import project
+
+    device = hidden.device
+    out = torch.full((hidden.shape[0], processor.org_vocab_size), float("-inf"),
+                     dtype=torch.float32, device=device)
+    picked = torch.tensor(rows, device=device)
+    others = sorted(set(range(hidden.shape[0])) - set(rows))
+    if others:
+        rest = torch.tensor(others, device=device)
+        out[rest] = stock(hidden[rest]).float()
+        hidden = hidden[picked]
+    width = max(map(len, ids))
+    # Rows pad with their own last id: repeated ids write the same value.
+    allowed = torch.tensor([a + a[-1:] * (width - len(a)) for a in ids], device=device)
+    result = project(hidden, lm_head.weight, allowed, bias, _route(device))
+    logits = result.logits
+    if processor.soft_cap is not None:
+        logits = torch.tanh(logits / processor.soft_cap) * processor.soft_cap
+    if processor.scale != 1.0:
+        logits = logits * processor.scale
+    out[picked[:, None], allowed] = logits
+    STATS.route = result.route
+    STATS.steps += 1
+    STATS.rows += len(rows)
+    return out
+
+
+def _require(cls: Any, *names: str) -> None:
+    missing = [n for n in names if not callable(getattr(cls, n, None))]
+    if missing:
+        raise RuntimeError(f"vllm-pcd lm_head: {cls.__qualname__} lacks {missing}; "
+                           "this vLLM's logits path is not the one it was written for")
+
+
+def apply() -> None:
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    _require(LogitsProcessor, "forward")
+    _require(GPUModelRunner, "execute_model")
+    _require(Worker, "load_model")
+
+    forward = LogitsProcessor.forward
+    execute_model = GPUModelRunner.execute_model
+    load_model = Worker.load_model
+
+    @functools.wraps(forward)
+    def forward_restricted(self: Any, lm_head: Any, hidden_states: torch.Tensor,
+                           embedding_bias: torch.Tensor | None = None,
+                           skip_gather: bool = False) -> torch.Tensor | None:
+        runner = _RUNNER.get()
+        if runner is None or type(self) is not LogitsProcessor or hidden_states.dim() != 2 \
+                or not enabled():
+            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
+        rows, ids = tagged_rows(runner, hidden_states.shape[0], self.org_vocab_size)
+        if not rows:
+            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
+        problem = head_problem(self, lm_head, embedding_bias, skip_gather)
+        if problem is not None:
+            _warn_once(problem)
+            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
+        return restricted_logits(self, lm_head, hidden_states, embedding_bias, rows, ids,
+                                 lambda h: forward(self, lm_head, h, embedding_bias))
+
+    @functools.wraps(execute_model)
+    def execute_model_tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if runner_problem(self) is not None:
+            return execute_model(self, *args, **kwargs)
+        token = _RUNNER.set(self)
+        try:
+            return execute_model(self, *args, **kwargs)
+        finally:
+            _RUNNER.reset(token)
+
+    @functools.wraps(load_model)
+    def load_model_checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        load_model(self, *args, **kwargs)
+        runner = self.model_runner
+        if not isinstance(runner, GPUModelRunner):
+            _warn_once(f"{type(runner).__module__} (Model Runner V2) is not patched; "
+                       "VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner")
+        elif (problem := runner_problem(runner)) is not None:
+            _warn_once(problem)
+
+    LogitsProcessor.forward = forward_restricted
+    GPUModelRunner.execute_model = execute_model_tracked
+    Worker.load_model = load_model_checked
