@@ -84,3 +84,17 @@ def client(pcd_server):
     import openai
 
     return openai.OpenAI(base_url=pcd_server + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def run_interpreted(test_file) -> None:
+    """Run `test_file`'s interpreted Triton tests in a child where TRITON_INTERPRET=1 comes
+    before `import triton` (it cannot be switched on in a process that imported it)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+         "interpret and not interpreted", str(test_file)],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]

@@ -6,14 +6,13 @@ so the interpreter does not leak into the rest of the session.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from kernels import HeadRows, head_for_projection, project, snapshot_rows
 from kernels.projection import gathered_matmul
+from tests.conftest import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 "
@@ -152,9 +151,4 @@ def test_triton_interpret_odd_hidden_size(gen):
 @pytest.mark.skipif(INTERPRETED, reason="this is the driver of the interpreted tests")
 def test_triton_interpreted(request):
     """Run this file's interpreted tests where TRITON_INTERPRET=1 precedes `import triton`."""
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-         "interpret and not interpreted", str(request.path)],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
+    run_interpreted(request.path)

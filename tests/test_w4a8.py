@@ -8,7 +8,6 @@ tests/test_kernels.py.
 
 import os
 import platform
-import subprocess
 import sys
 import types
 
@@ -19,6 +18,7 @@ from kernels import QuantizedHead, project, quantize_head, select_route
 from kernels import w4a8
 from kernels.w4a8 import (pack_int4, quantize_activations, quantize_w4, quantize_w8, unpack_int4,
                           w4a8_reference)
+from tests.conftest import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 "
@@ -354,9 +354,4 @@ def test_triton_interpret_w4a8_exact(gen, k, batch, hidden, shared):
 @pytest.mark.skipif(INTERPRETED, reason="this is the driver of the interpreted tests")
 def test_triton_interpreted(request):
     """Run this file's interpreted tests where TRITON_INTERPRET=1 precedes `import triton`."""
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-         "interpret and not interpreted", str(request.path)],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
+    run_interpreted(request.path)
