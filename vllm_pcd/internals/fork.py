@@ -95,10 +95,11 @@ def _install(scheduler: Any) -> None:
     manager = scheduler.kv_cache_manager
     if reason is not None:
         manager.pcd_fork = None
-        init_logger(__name__).info("PCD fork off (%s): plain prefix caching", reason)
+        init_logger("vllm.pcd.fork").info("PCD KV fork off (%s): plain prefix caching", reason)
         return
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     manager.pcd_fork = Fork(hash_fn, manager.coordinator.single_type_managers[0].block_size)
+    init_logger("vllm.pcd.fork").info("PCD KV fork on (block size %d)", manager.pcd_fork.block_size)
 
 
 def _fork_of(manager: Any) -> Fork | None:
