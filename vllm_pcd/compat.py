@@ -30,6 +30,15 @@ def check_vllm_version() -> str:
     return version
 
 
+def require_methods(cls: type, *names: str, patch: str) -> None:
+    """A patch's targets must exist as written for: refuse loudly instead of degrading."""
+    missing = [n for n in names if not callable(getattr(cls, n, None))]
+    if missing:
+        raise UnsupportedVLLMVersion(
+            f"vllm-pcd {patch}: {cls.__qualname__} lacks {missing}; this vLLM is not the one "
+            "the patch was written for")
+
+
 def main(argv: list[str]) -> int:
     if argv[1:] != ["check"]:
         print("usage: python -m vllm_pcd.compat check", file=sys.stderr)

@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vllm_pcd.compat import require_methods
+
 SHARED_KEY = "pcd_shared"
 ENV = "PCD_FORK"
 
@@ -137,22 +139,15 @@ def _leave_tail(manager: Any, request: Any) -> None:
                                           blocks[n // fork.block_size], num_tokens=n)
 
 
-def _require(cls: Any, *names: str) -> None:
-    missing = [n for n in names if not callable(getattr(cls, n, None))]
-    if missing:
-        raise RuntimeError(f"vllm-pcd fork: {cls.__qualname__} lacks {missing}; "
-                           "this vLLM's KV cache manager is not the one it was written for")
-
-
 def apply() -> None:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    _require(Scheduler, "__init__")
-    _require(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
-             "create_kv_cache_blocks", "prefix_cache_lookup_enabled")
-    _require(BlockPool, "get_cached_block", "_insert_block_hash")
+    require_methods(Scheduler, "__init__", patch="fork")
+    require_methods(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
+                    "create_kv_cache_blocks", "prefix_cache_lookup_enabled", patch="fork")
+    require_methods(BlockPool, "get_cached_block", "_insert_block_hash", patch="fork")
 
     init = Scheduler.__init__
     lookup = KVCacheManager.get_computed_blocks

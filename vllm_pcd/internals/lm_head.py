@@ -26,6 +26,8 @@ from typing import Any, Sequence
 import torch
 from vllm.logger import init_logger
 
+from vllm_pcd.compat import require_methods
+
 # Under "vllm" so the messages go where vLLM's own do, at its level.
 logger = init_logger("vllm.pcd.lm_head")
 
@@ -161,21 +163,14 @@ def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
     return out
 
 
-def _require(cls: Any, *names: str) -> None:
-    missing = [n for n in names if not callable(getattr(cls, n, None))]
-    if missing:
-        raise RuntimeError(f"vllm-pcd lm_head: {cls.__qualname__} lacks {missing}; "
-                           "this vLLM's logits path is not the one it was written for")
-
-
 def apply() -> None:
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
-    _require(LogitsProcessor, "forward")
-    _require(GPUModelRunner, "execute_model")
-    _require(Worker, "load_model")
+    require_methods(LogitsProcessor, "forward", patch="lm_head")
+    require_methods(GPUModelRunner, "execute_model", patch="lm_head")
+    require_methods(Worker, "load_model", patch="lm_head")
 
     forward = LogitsProcessor.forward
     execute_model = GPUModelRunner.execute_model
