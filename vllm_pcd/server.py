@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import time
 import uuid
 from argparse import Namespace
@@ -22,6 +21,7 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import State
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
+from vllm.logger import init_logger
 
 from vllm_pcd import metrics
 from vllm_pcd.compat import check_vllm_version
@@ -29,7 +29,8 @@ from vllm_pcd.pcd import check_normalization, constrained_online
 from vllm_pcd.plan import DEFAULT_FORMULATION
 from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
 
-logger = logging.getLogger("vllm_pcd")
+# Under "vllm" so the messages go where vLLM's own do, at its level.
+logger = init_logger("vllm.pcd.server")
 
 CHAT_PATH = "/v1/chat/completions"
 PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization", "pcd_formulation")
