@@ -5,9 +5,9 @@ chat completions and clients that hang up mid-request.
 
 Checks, printed at the end (exit 1 if any fails): zero errors; every PCD object schema-valid
 and identical to the same request sent alone before the soak; every ordinary completion
-identical to its answer before the soak; after the soak no request is left running and the
-KV cache is back to its idle usage (no leaked blocks, forked ones included), also after the
-abandoned requests.
+identical to its answer before the soak; after the soak no request is left running or
+waiting and the KV cache is back to its idle usage (no leaked blocks, forked ones included),
+also after the abandoned requests. The figures go to benchmarks/results/soak.json.
 """
 
 from __future__ import annotations
@@ -25,15 +25,47 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.methods import load_tokenizer, server
+from benchmarks.methods import load_tokenizer, provenance, server
 from benchmarks.metrics import is_schema_valid
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _metric(text: str, name: str) -> float:
+def metric_value(text: str, name: str) -> float:
+    """Sum of a Prometheus sample over its label sets (`name` may carry labels itself)."""
     values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
     return sum(float(v) for v in values)
+
+
+async def engine_state(http: httpx.AsyncClient, model: str) -> dict[str, float]:
+    """KV usage, running and waiting requests as the engine reports them. vLLM refreshes these
+    gauges only when it steps, so a one-token request first makes it step (an abort alone
+    does not); the probe itself has finished by the time its response arrives."""
+    probe = await http.post("/v1/completions", json={"model": model, "prompt": "hi",
+                                                     "max_tokens": 1})
+    probe.raise_for_status()
+    text = (await http.get("/metrics")).text
+    blocks = re.search(r'^vllm:cache_config_info{[^}]*num_gpu_blocks="(\d+)"', text, re.M)
+    return {"kv_usage": metric_value(text, "vllm:kv_cache_usage_perc"),
+            "running": metric_value(text, "vllm:num_requests_running"),
+            "waiting": metric_value(text, "vllm:num_requests_waiting"),
+            "kv_blocks": int(blocks.group(1)) - 1 if blocks else 0}  # less the null block
+
+
+def is_idle(state: dict[str, float], idle_usage: float) -> bool:
+    return state["running"] == 0 and state["waiting"] == 0 and state["kv_usage"] <= idle_usage
+
+
+async def wait_until_idle(http: httpx.AsyncClient, model: str, idle_usage: float,
+                          timeout_s: float = 600) -> dict[str, float]:
+    """The engine's state once nothing runs or waits and KV usage is back to `idle_usage`, or
+    its last state after `timeout_s` (aborted requests drain at the engine's pace)."""
+    deadline = time.monotonic() + timeout_s
+    state = await engine_state(http, model)
+    while not is_idle(state, idle_usage) and time.monotonic() < deadline:
+        await asyncio.sleep(1)
+        state = await engine_state(http, model)
+    return state
 
 
 class Soak:
@@ -64,13 +96,6 @@ class Soak:
         if job["schema"] is not None and not is_schema_valid(job["schema"], json.loads(content)):
             self.problems.append(f"schema-invalid PCD object {content[:100]}")
         return content
-
-    async def kv_usage_idle(self) -> tuple[float, float]:
-        """KV usage as seen by a one-token request on an otherwise idle engine."""
-        await self.http.post("/v1/completions", json={"model": self.model, "prompt": "hi",
-                                                      "max_tokens": 1})
-        text = (await self.http.get("/metrics")).text
-        return _metric(text, "vllm:kv_cache_usage_perc"), _metric(text, "vllm:num_requests_running")
 
     async def worker(self, deadline: float, rng: random.Random) -> None:
         while time.monotonic() < deadline:
@@ -107,20 +132,21 @@ async def soak(url: str, model_path: str, seconds: float, concurrency: int) -> d
         run = Soak(http, model, make_workload(load_tokenizer(model_path)))
         for index in range(len(run.workload)):  # answers sent one at a time, the reference
             run.expected[index] = await run.send(index)
-        idle_usage, _ = await run.kv_usage_idle()
+        idle = await engine_state(http, model)
         deadline = time.monotonic() + seconds
         rngs = [random.Random(seed) for seed in range(concurrency)]
         await asyncio.gather(*(run.worker(deadline, rng) for rng in rngs))
-        await asyncio.sleep(2)  # let aborted branches drain
-        usage, running = await run.kv_usage_idle()
-    if usage > idle_usage + 1e-9:
-        run.problems.append(f"KV usage {usage} after the soak > idle {idle_usage}: leaked blocks")
-    if running > 1:  # the probe itself may still be counted
-        run.problems.append(f"{running} requests still running after the soak")
+        after = await wait_until_idle(http, model, idle["kv_usage"])
+    leaked = max(0, round((after["kv_usage"] - idle["kv_usage"]) * after["kv_blocks"]))
+    if not is_idle(after, idle["kv_usage"]):
+        run.problems.append(f"not idle after the soak: {after} (idle KV usage "
+                            f"{idle['kv_usage']}, about {leaked} blocks leaked)")
     return {"seconds": seconds, "concurrency": concurrency, **run.counts,
-            "kv_usage_idle": idle_usage, "kv_usage_after": usage,
-            "requests_running_after": running, "problems": run.problems[:20],
-            "ok": not run.problems}
+            "kv_usage_idle": idle["kv_usage"], "kv_usage_after": after["kv_usage"],
+            "kv_blocks": after["kv_blocks"], "leaked_blocks": leaked,
+            "requests_running_after": after["running"],
+            "requests_waiting_after": after["waiting"], "problems": run.problems[:20],
+            "ok": not run.problems, "code": provenance()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,13 +2,13 @@
 
 import copy
 import json
-import re
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.soak import metric_value
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
 
 MAX_ERROR_CHARS = 400
@@ -106,9 +106,7 @@ def model(http):
 
 
 def metric(http, name):
-    text = http.get("/metrics").text
-    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    return sum(float(v) for v in values)
+    return metric_value(http.get("/metrics").text, name)
 
 
 def post(http, model, chat_kwargs, content=MESSAGE, **extra):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import time
 import uuid
 from argparse import Namespace
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Iterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -43,6 +44,27 @@ def error_response(status: HTTPStatus, message: str, *, param: str | None = None
     """OpenAI's error format, as vLLM's own routes answer."""
     return JSONResponse(status_code=status.value, content={
         "error": {"message": message, "type": kind, "param": param, "code": status.value}})
+
+
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    """The error, then what caused it: into a TaskGroup's group (its first failure) and along
+    `raise ... from`."""
+    while err is not None:
+        if isinstance(err, BaseExceptionGroup):
+            err = err.exceptions[0]
+            continue
+        yield err
+        err = err.__cause__
+
+
+def fault_message(err: BaseException, request_id: str) -> str:
+    """What failed, for the client: vLLM wraps a request's failure in an EngineGenerateError
+    without a message, so its causes are named too (bounded), and the request id finds the
+    traceback in the server log."""
+    named = [f"{type(e).__name__}: {shown(str(e))}" if str(e) else type(e).__name__
+             for e in itertools.islice(_causes(err), 3)]
+    return (f"PCD inference failed ({'; caused by '.join(named)}); see the server log for "
+            f"{request_id}")
 
 
 def is_pcd_request(request: ChatCompletionRequest) -> bool:
@@ -145,8 +167,7 @@ class PCDService:
         except Exception as err:  # an engine fault fails this request only
             logger.exception("PCD request %s failed", request_id)
             return error_response(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                  f"PCD inference failed: {shown(str(err))}",
-                                  kind="InternalServerError")
+                                  fault_message(err, request_id), kind="InternalServerError")
         diagnostics = result.diagnostics()
         metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
                               diagnostics["tokens"]["computed"], time.perf_counter() - start)
