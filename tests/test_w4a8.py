@@ -308,6 +308,33 @@ def test_flaggems_route_on_fake_flaggems(host, gen, hidden, k):
     assert fake.pack_calls == 1
 
 
+@pytest.fixture
+def engine_route():
+    """vllm_pcd's cached route choice, cleared around the test (it caches per device)."""
+    from vllm_pcd.internals import lm_head
+
+    lm_head.projection_route.cache_clear()
+    yield lm_head
+    lm_head.projection_route.cache_clear()
+
+
+@pytest.mark.parametrize("config,route", [
+    (None, "w4a8-flaggems"), ({"projection": "w8a8"}, "w8a8-torch"),
+    ({"projection": "dense"}, "torch")])
+def test_restricted_head_route_follows_host_and_config(host, engine_route, config, route):
+    """The engine's projection: the host's route unless additional_config.pcd chooses."""
+    host(FLAGGEMS_VENDOR="arm")
+    vllm_config = types.SimpleNamespace(additional_config={"pcd": config} if config else {})
+    scheme = engine_route.configured_scheme(vllm_config)
+    assert engine_route.projection_route(torch.device("cpu"), scheme) == route
+
+
+def test_restricted_head_strict_route_fails_at_selection(host, engine_route):
+    host(gems="missing", FLAGGEMS_VENDOR="arm", FLAGGEMS_ARM_Q4_STRICT="1")
+    with pytest.raises(RuntimeError, match="FLAGGEMS_ARM_Q4_STRICT=1"):
+        engine_route.projection_route(torch.device("cpu"), None)
+
+
 # ---------------------------------------------------------------- real FlagGems (Arm only)
 
 def _real_flaggems() -> str | None:

@@ -13,6 +13,11 @@ order, without speculative decoding. The runner is known to the logits processor
 it executes a step, so prompt log-probabilities and dummy runs keep the stock head. Model
 Runner V2, LoRA, speculative decoding, a vocabulary-parallel or quantized head, and
 logits-as-input models keep it too, with a warning. `PCD_RESTRICTED_HEAD=0` turns it off.
+
+The projection's arithmetic follows the host (`kernels.select_route`: dense, or on a FlagOS
+Arm host what its quantized head computes), unless `--additional-config
+'{"pcd": {"projection": "dense|w8a8|w4a8"}}'` or env PCD_PROJECTION chooses. The route is
+chosen and logged when the model loads, so FLAGGEMS_ARM_Q4_STRICT=1 fails start-up, not a step.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ logger = init_logger("vllm.pcd.lm_head")
 
 ALLOWED_KEY = "pcd_allowed"
 ENV = "PCD_RESTRICTED_HEAD"
+CONFIG_KEY = "projection"  # under additional_config.pcd
 
 # The V1 runner executing the current step, read by the logits processor.
 _RUNNER: contextvars.ContextVar[Any] = contextvars.ContextVar("pcd_runner", default=None)
@@ -121,21 +127,29 @@ def tagged_rows(runner: Any, rows: int, vocab: int) -> tuple[list[int], list[lis
     return picked, ids
 
 
-@functools.cache
-def _route(device: torch.device) -> str:
-    """The dense route for this device, logged once: the head is projected as stored."""
-    from kernels import select_route
+def configured_scheme(vllm_config: Any) -> str | None:
+    """additional_config.pcd.projection, or None: env PCD_PROJECTION, then the host decide."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    pcd = extra.get("pcd") if isinstance(extra, dict) else None
+    return pcd.get(CONFIG_KEY) if isinstance(pcd, dict) else None
 
-    route = select_route(device, "dense")
-    logger.info("PCD restricted LM head: route %s on %s", route, device)
+
+@functools.cache
+def projection_route(device: torch.device, scheme: str | None = None) -> str:
+    """The route for this device and choice, logged once: the start-up coverage line."""
+    from kernels import ROUTES, select_route
+
+    route = select_route(device, scheme)
+    logger.info("PCD restricted LM head: route %s (%s arithmetic) on %s", route, ROUTES[route],
+                device)
     return route
 
 
 def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
                       bias: torch.Tensor | None, rows: list[int], ids: list[list[int]],
-                      stock: Any) -> torch.Tensor:
-    """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere),
-    the others by `stock(hidden_subset)`."""
+                      stock: Any, scheme: str | None = None) -> torch.Tensor:
+    """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere) by
+    the route for `scheme`, the others by `stock(hidden_subset)`."""
     from kernels import project
 
     device = hidden.device
@@ -150,7 +164,8 @@ def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
     width = max(map(len, ids))
     # Rows pad with their own last id: repeated ids write the same value.
     allowed = torch.tensor([a + a[-1:] * (width - len(a)) for a in ids], device=device)
-    result = project(hidden, lm_head.weight, allowed, bias, _route(device))
+    result = project(hidden, lm_head.weight, allowed, bias,
+                     projection_route(device, scheme))
     logits = result.logits
     if processor.soft_cap is not None:
         logits = torch.tanh(logits / processor.soft_cap) * processor.soft_cap
@@ -192,7 +207,8 @@ def apply() -> None:
             _warn_once(problem)
             return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
         return restricted_logits(self, lm_head, hidden_states, embedding_bias, rows, ids,
-                                 lambda h: forward(self, lm_head, h, embedding_bias))
+                                 lambda h: forward(self, lm_head, h, embedding_bias),
+                                 configured_scheme(runner.vllm_config))
 
     @functools.wraps(execute_model)
     def execute_model_tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -213,6 +229,8 @@ def apply() -> None:
                        "VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner")
         elif (problem := runner_problem(runner)) is not None:
             _warn_once(problem)
+        elif enabled():
+            projection_route(runner.device, configured_scheme(self.vllm_config))
 
     LogitsProcessor.forward = forward_restricted
     GPUModelRunner.execute_model = execute_model_tracked
