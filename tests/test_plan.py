@@ -99,18 +99,26 @@ def test_json_formulation_continues_the_assistants_own_object(tokenizer):
     for fp in plan.fields:
         stem = tokenizer.decode(list(fp.candidates[0][:fp.score_from[0]]))
         assert stem.startswith(branch_text(fp.field, "json"))
-        # each candidate is cut right after the token that makes it unique
+        assert fp.terminated == (fp.field.kind == "boolean")
+        if fp.terminated:  # booleans: the whole value and the terminator
+            assert [tokenizer.decode(list(seq[start:]))
+                    for seq, start in zip(fp.candidates, fp.score_from)] == [" true\n", " false\n"]
+            continue
+        # enum values are cut right after the token that makes each unique
         for seq in fp.candidates:
             others = [o for o in fp.candidates if o != seq]
             assert all(o[:len(seq)] != seq for o in others)
             assert any(o[:len(seq) - 1] == seq[:-1] for o in others) or len(seq) == fp.score_from[0] + 1
 
 
-def test_json_formulation_needs_one_request_when_first_tokens_differ(tokenizer):
+def test_json_formulation_requests(tokenizer):
+    """An enum whose values differ at the first token needs one request; a boolean three
+    (its first token, then the terminator after each value)."""
     spec = parse_schema(SUPPORT_SCHEMA)
     plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
-    assert [len(fp.nodes) for fp in plan.fields] == [1, 1]
-    assert len(plan.scorings()) == 2
+    assert [fp.field.kind for fp in plan.fields] == ["enum", "boolean"]
+    assert [len(fp.nodes) for fp in plan.fields] == [1, 3]
+    assert len(plan.scorings()) == 4
 
 
 def test_branch_stems():

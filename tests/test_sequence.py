@@ -8,6 +8,7 @@ import torch
 from tests.conftest import MESSAGE
 from tests.test_fidelity import TOLERANCE
 from vllm_pcd import constrained
+from vllm_pcd.engine import TRIE_ENV, schedule
 from vllm_pcd.plan import FieldPlan, build_plan
 from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema
 from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, node_lookup, serialize
@@ -96,16 +97,25 @@ def engine_token_logprobs(result, field_index):
             for seq, start in zip(fp.candidates, fp.score_from)]
 
 
-def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model):
+@pytest.mark.parametrize("trie", ["chained", "flat"])
+def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model, monkeypatch, trie):
     """Every scored token's log-probability within 1e-4 of the FP32 full forward; a sum of n
-    tokens therefore within n·1e-4 (FP32 rounding differences add up along a candidate)."""
-    result = constrained(fp32_llm, MESSAGE, TRICKY, mode="sequence", cache_salt="seq-fidelity")
+    tokens within n·1e-4 (FP32 rounding differences add up along a candidate). Chained, each trie token is computed once, one call per trie level;
+    flat, every node runs in one call and recomputes its path."""
+    monkeypatch.setenv(TRIE_ENV, trie)
+    result = constrained(fp32_llm, MESSAGE, TRICKY, mode="sequence",
+                         cache_salt=f"seq-fidelity-{trie}")
     diag = result.diagnostics()
     assert diag["mode"] == "sequence"
     calls = result.execution.backbone_calls
-    total_candidates = sum(len(p["enum"]) if "enum" in p else 2
-                           for p in TRICKY["properties"].values())
-    assert calls <= 1 + math.ceil(total_candidates / 32)
+    scorings = result.plan.scorings()
+    if trie == "chained":
+        assert diag["tokens"]["computed"] == diag["tokens"]["ideal"]
+        assert calls == 1 + len(schedule(scorings, Limits().max_branches_per_batch, True))
+    else:
+        total_candidates = sum(len(p["enum"]) if "enum" in p else 2
+                               for p in TRICKY["properties"].values())
+        assert calls <= 1 + math.ceil(total_candidates / 32)
     for i, (fp, fr) in enumerate(zip(result.plan.fields, result.fields)):
         expected = reference_token_logprobs(reference_model, result.plan.shared_ids, fp)
         got_tokens = engine_token_logprobs(result, i)
@@ -114,7 +124,7 @@ def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model):
         sums = [c["logprob_sum"] for c in fr.diagnostics()["candidates"]]
         for total, tokens, ref in zip(sums, got_tokens, expected):
             assert total == pytest.approx(sum(tokens), abs=1e-12)
-            assert abs(total - sum(ref)) < TOLERANCE * len(ref)
+            assert abs(total - sum(ref)) < TOLERANCE * len(ref), f"{fp.field.name}"
         assert fr.value == fp.field.options[max(range(len(sums)), key=sums.__getitem__)]
 
 

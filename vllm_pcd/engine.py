@@ -1,10 +1,13 @@
 """The only module that submits work to vLLM: prefill the shared context, then the branches.
 
-Both the offline `vllm.LLM` and the server's `EngineClient` go through the same two steps:
+Both the offline `vllm.LLM` and the server's `EngineClient` go through the same steps:
 1. one request over the shared context, so its KV blocks are in the prefix cache;
 2. every scoring request of the plan (shared context + a branch's tokens) submitted together,
    one token of output each, asking the engine for the log-probabilities of exactly the
    tokens to score (option codes in token mode, trie children in sequence mode).
+Sequence-mode trie nodes chain by default: a node runs after its parent and forks the
+parent's KV, so every trie token is computed once, at one more backbone call per trie
+level. `PCD_TRIE=flat` runs all nodes in step 2 instead, each recomputing its path.
 What the engine reports (cached tokens, the step each request ran in) is turned into the
 token accounting and the backbone-call count; nothing here is assumed.
 """
@@ -12,6 +15,7 @@ token accounting and the backbone-call count; nothing here is assumed.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections import Counter
@@ -79,6 +83,16 @@ def _report(output: Any, wanted: Sequence[int] = ()) -> RequestReport:
     )
 
 
+TRIE_ENV = "PCD_TRIE"
+
+
+def chained_tries() -> bool:
+    value = os.environ.get(TRIE_ENV, "chained")
+    if value not in ("chained", "flat"):
+        raise ValueError(f"{TRIE_ENV} must be 'chained' or 'flat', not {value!r}")
+    return value == "chained"
+
+
 def prefill_params(shared_len: int | None = None) -> SamplingParams:
     """`shared_len` tags the request so the branches can fork its KV at that length."""
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
@@ -96,9 +110,12 @@ def restrictable(plan: Plan) -> list[bool]:
 
 
 def branch_params(token_ids: Sequence[int], group: dict[str, Any] | None = None,
-                  shared_len: int | None = None, restrict: bool = False) -> SamplingParams:
-    """`restrict` tags the request so the LM head projects onto `token_ids` only."""
-    extra = {**(group or {}), **(fork_args(shared_len) if shared_len else {}),
+                  shared_len: int | None = None, restrict: bool = False,
+                  fork_lengths: Sequence[int] = ()) -> SamplingParams:
+    """`restrict` tags the request so the LM head projects onto `token_ids` only;
+    `fork_lengths` adds prompt lengths to fork at beyond the shared context."""
+    lengths = [n for n in (shared_len, *fork_lengths) if n]
+    extra = {**(group or {}), **(fork_args(*lengths) if lengths else {}),
              **(head_args(token_ids) if restrict else {})}
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                           logprob_token_ids=list(token_ids), extra_args=extra or None)
@@ -125,6 +142,33 @@ def microbatches(scorings: Sequence[Scoring], units_per_batch: int) -> list[list
     return batches
 
 
+def schedule(scorings: Sequence[Scoring], units_per_batch: int,
+             chained: bool) -> list[list[int]]:
+    """Microbatches in run order. Chained, a scoring runs in the wave after its parent's."""
+    waves = []
+    for s in scorings:
+        waves.append(waves[s.parent] + 1 if chained and s.parent is not None else 0)
+    batches = []
+    for wave in range(max(waves, default=-1) + 1):
+        members = [i for i, w in enumerate(waves) if w == wave]
+        batches += [[members[k] for k in batch] for batch in
+                    microbatches([scorings[i] for i in members], units_per_batch)]
+    return batches
+
+
+def fork_lengths(scorings: Sequence[Scoring], shared_len: int, chained: bool) -> list[list[int]]:
+    """Per scoring, the prompt lengths it forks at beyond the shared context: chained, its
+    parent's (to read) and, when it has children, its own (to leave)."""
+    if not chained:
+        return [[] for _ in scorings]
+    parents = {s.parent for s in scorings}
+    lengths = []
+    for i, s in enumerate(scorings):
+        read = [] if s.parent is None else [shared_len + len(scorings[s.parent].suffix_ids)]
+        lengths.append(read + ([shared_len + len(s.suffix_ids)] if i in parents else []))
+    return lengths
+
+
 def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
                 cache_salt: str | None = None) -> Execution:
     """Blocking execution on a `vllm.LLM`."""
@@ -135,13 +179,17 @@ def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
     mid = time.perf_counter()
     scorings = plan.scorings()
     restrict = restrictable(plan)
-    outputs: list[Any] = []
-    for batch in microbatches(scorings, branches_per_batch):
-        outputs += llm.generate(
+    chained = chained_tries()
+    forks = fork_lengths(scorings, shared_len, chained)
+    outputs: list[Any] = [None] * len(scorings)
+    for batch in schedule(scorings, branches_per_batch, chained):
+        got = llm.generate(
             [_prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt) for i in batch],
-            [branch_params(scorings[i].token_ids, shared_len=shared_len, restrict=restrict[i])
-             for i in batch],
+            [branch_params(scorings[i].token_ids, shared_len=shared_len, restrict=restrict[i],
+                           fork_lengths=forks[i]) for i in batch],
             use_tqdm=False)
+        for i, output in zip(batch, got):
+            outputs[i] = output
     end = time.perf_counter()
     branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
     return Execution(_report(prefill), branches, mid - start, end - mid)
@@ -168,17 +216,21 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
     mid = time.perf_counter()
     scorings = plan.scorings()
     restrict = restrictable(plan)
-    outputs: list[Any] = []
-    for number, batch in enumerate(microbatches(scorings, branches_per_batch)):
+    chained = chained_tries()
+    forks = fork_lengths(scorings, shared_len, chained)
+    outputs: list[Any] = [None] * len(scorings)
+    for number, batch in enumerate(schedule(scorings, branches_per_batch, chained)):
         together = group_args(f"{rid}-b{number}", len(batch))
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_final(engine.generate(
+            tasks = {i: group.create_task(_final(engine.generate(
                 _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
-                branch_params(scorings[i].token_ids, together, shared_len, restrict[i]),
+                branch_params(scorings[i].token_ids, together, shared_len, restrict[i],
+                              forks[i]),
                 f"{rid}-s{i}")))
-                for i in batch]
-        outputs += [t.result() for t in tasks]
+                for i in batch}
+        for i, task in tasks.items():
+            outputs[i] = task.result()
     end = time.perf_counter()
     branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
     return Execution(_report(prefill), branches, mid - start, end - mid)

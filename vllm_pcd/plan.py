@@ -71,6 +71,7 @@ class Scoring:
     suffix_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     units: int  # branches (token fields) or candidates (sequence) it completes
+    parent: int | None = None  # the scoring whose prompt is this one's minus its last token
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,11 @@ class Plan:
             elif fp.mode == "token":  # one branch, however many trie nodes it needs
                 out += [Scoring(i, n.prefix, n.children, int(k == 0))
                         for k, n in enumerate(fp.nodes)]
-            else:
-                out += [Scoring(i, n.prefix, n.children, n.units) for n in fp.nodes]
+            else:  # a sequence-mode trie: each node may extend its parent's KV
+                first = len(out)
+                at = {n.prefix: first + k for k, n in reversed(list(enumerate(fp.nodes)))}
+                out += [Scoring(i, n.prefix, n.children, n.units, at.get(n.prefix[:-1]))
+                        for n in fp.nodes]
         return out
 
     @property
@@ -186,12 +190,17 @@ def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
 
 def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
                 limits: Limits) -> AnyFieldPlan:
+    """Token-mode booleans in the JSON formulation are scored as whole values with the
+    terminator (`true` + newline): the first token alone leans to `true` (76% boolean
+    accuracy on the dev set with Qwen2.5-Coder-1.5B), whole values do not (86%, the same as
+    autoregressive JSON's 88% within noise). Enum values stop at their unique prefix."""
     if mode == "token" and formulation == "codes":
         codes, ids = choose_codes(tokenizer, field)
         suffix = tokenizer.encode(branch_text(field), add_special_tokens=False)
         return FieldPlan(field, tuple(suffix), codes, ids)
     try:
-        plan = build_sequence_field(tokenizer, field, branch_text(field, formulation), mode=mode)
+        plan = build_sequence_field(tokenizer, field, branch_text(field, formulation), mode=mode,
+                                    terminated=field.kind == "boolean")
     except ValueError as err:
         raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
                           param=f"pcd_schema.properties.{field.name}", rule="candidates")

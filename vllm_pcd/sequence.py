@@ -9,7 +9,8 @@ candidates is scored once and every node reads the shared context from the KV ca
 
 Sequence mode scores every whole candidate plus a newline terminator. Token mode with the
 JSON formulation scores each candidate only up to the token where it becomes unique among
-the field's candidates: usually one request with the real first tokens of the values.
+the field's candidates (usually one request with the real first tokens of the values), or,
+`terminated`, the whole value plus the terminator, like sequence mode.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Node:
 class SequenceFieldPlan:
     field: Any  # FieldSpec
     mode: str   # "sequence": whole candidates; "token": each up to its unique prefix
+    terminated: bool  # whole values plus the terminator are scored
     stem_ids: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...]  # stem + value tokens, jointly tokenized
     score_from: tuple[int, ...]              # first scored position of each candidate
@@ -81,10 +83,12 @@ def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
     return cut
 
 
-def build_sequence_field(tokenizer: Any, field: Any, stem: str, *,
-                         mode: str = "sequence") -> SequenceFieldPlan:
+def build_sequence_field(tokenizer: Any, field: Any, stem: str, *, mode: str = "sequence",
+                         terminated: bool = False) -> SequenceFieldPlan:
+    """Sequence mode always scores whole values; token mode does when `terminated`."""
+    terminated = terminated or mode == "sequence"
     stem_ids = tokenizer.encode(stem, add_special_tokens=False)
-    terminator = "\n" if mode == "sequence" else ""
+    terminator = "\n" if terminated else ""
     candidates, starts = [], []
     for option in field.options:
         ids = tokenizer.encode(stem + serialize(option, terminator), add_special_tokens=False)
@@ -97,7 +101,7 @@ def build_sequence_field(tokenizer: Any, field: Any, stem: str, *,
         starts.append(start)
     if len(set(candidates)) != len(candidates):
         raise ValueError(f"{field.name}: two candidates tokenize identically")
-    if mode == "token":
+    if not terminated:
         # Tokens every candidate shares add the same log-probability to each: they move no
         # renormalised score, so they join the branch's prompt instead of being scored.
         common = min(_common_prefix(candidates[0], c) for c in candidates)
@@ -117,8 +121,8 @@ def build_sequence_field(tokenizer: Any, field: Any, stem: str, *,
         for at in range(0, len(ids), MAX_IDS_PER_REQUEST):
             part = ids[at:at + MAX_IDS_PER_REQUEST]
             nodes.append(Node(prefix, tuple(part), sum(kids[t] for t in part)))
-    return SequenceFieldPlan(field, mode, tuple(stem_ids), tuple(candidates), tuple(starts),
-                             tuple(nodes))
+    return SequenceFieldPlan(field, mode, terminated, tuple(stem_ids), tuple(candidates),
+                             tuple(starts), tuple(nodes))
 
 
 def node_lookup(nodes: Sequence[Node],

@@ -2,14 +2,15 @@
 
 vLLM's prefix cache shares only full KV blocks, so every branch would recompute the last
 `shared_len % block_size` tokens of the shared context. A request tagged with
-`extra_args={"pcd_shared": n}` (the context request and each branch, n = shared length):
-- leaves, when it releases its blocks, the block holding tokens up to n in vLLM's prefix
-  cache under a hash of exactly those n tokens (only once that KV is computed, so a later
-  step's hit never reads a block still being written);
-- on admission, after the ordinary full-block lookup reached the block boundary below n,
-  takes that block too, so its computed tokens start at n. vLLM's own partial-hit
-  copy-on-write then gives the branch a private copy of it (the worker copies the block
-  before the step's forward) while the full blocks stay shared.
+`extra_args={"pcd_shared": [n, ...]}` (prompt lengths: the shared context's for the context
+request and each branch; a trie node's parent's and its own when nodes chain):
+- leaves, when it releases its blocks, the block holding tokens up to each n in vLLM's
+  prefix cache under a hash of exactly those n tokens (only once that KV is computed, so a
+  later step's hit never reads a block still being written);
+- on admission, after the ordinary full-block lookup reached the block boundary below the
+  longest n whose block is cached, takes that block too, so its computed tokens start at n.
+  vLLM's own partial-hit copy-on-write then gives the branch a private copy of it (the
+  worker copies the block before the step's forward) while the full blocks stay shared.
 The entry is an ordinary evictable cache entry: nothing outlives vLLM's own reference
 counting, so a finished, aborted or preempted request leaks nothing, and an evicted entry
 just means the branch recomputes the tail (the engine reports what it computed).
@@ -30,8 +31,9 @@ SHARED_KEY = "pcd_shared"
 ENV = "PCD_FORK"
 
 
-def fork_args(shared_len: int) -> dict[str, int]:
-    return {SHARED_KEY: shared_len}
+def fork_args(*lengths: int) -> dict[str, list[int]]:
+    """The prompt lengths at which a request may take a cached tail and leaves its own."""
+    return {SHARED_KEY: sorted(set(lengths))}
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,15 @@ class Fork:
     hash_fn: Callable[[Any], bytes]
     block_size: int
 
-    def boundary(self, request: Any) -> int | None:
-        """The tagged shared length when it ends inside a block; None otherwise."""
+    def boundaries(self, request: Any) -> list[int]:
+        """The tagged lengths that end inside a block, longest first."""
         params = request.sampling_params
         extra = getattr(params, "extra_args", None) if params is not None else None
-        n = extra.get(SHARED_KEY) if extra else None
-        if type(n) is not int or n <= 0 or n % self.block_size == 0 or request.mm_features:
-            return None
-        return n
+        lengths = extra.get(SHARED_KEY) if extra else None
+        if not isinstance(lengths, list) or request.mm_features:
+            return []
+        return sorted((n for n in set(lengths) if type(n) is int and n > 0
+                       and n % self.block_size), reverse=True)
 
     def tail_hash(self, request: Any, n: int) -> bytes:
         """Chained like vLLM's block hashes, over the tokens of the partial block only."""
@@ -109,34 +112,34 @@ def _fork_of(manager: Any) -> Fork | None:
 
 
 def _extend_hit(manager: Any, request: Any, blocks: Any, hit: int) -> tuple[Any, int]:
-    """The ordinary hit plus the shared context's partial tail block, when cached."""
+    """The ordinary hit plus the longest cached partial tail block it reaches."""
     fork = _fork_of(manager)
-    n = fork.boundary(request) if fork is not None else None
-    if (n is None or not manager.prefix_cache_lookup_enabled(request)
-            or hit != n - n % fork.block_size or n >= request.num_tokens):
+    if fork is None or not manager.prefix_cache_lookup_enabled(request):
         return blocks, hit
-    tail = manager.block_pool.get_cached_block(fork.tail_hash(request, n), [0])
-    if tail is None:
-        return blocks, hit
-    return manager.create_kv_cache_blocks(([*blocks.blocks[0], *tail],)), n
+    for n in fork.boundaries(request):
+        if hit != n - n % fork.block_size or n >= request.num_tokens:
+            continue
+        tail = manager.block_pool.get_cached_block(fork.tail_hash(request, n), [0])
+        if tail is not None:
+            return manager.create_kv_cache_blocks(([*blocks.blocks[0], *tail],)), n
+    return blocks, hit
 
 
 def _leave_tail(manager: Any, request: Any) -> None:
-    """Before a request's blocks are released: cache its computed shared-context tail."""
+    """Before a request's blocks are released: cache its computed tails."""
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
     fork = _fork_of(manager)
-    n = fork.boundary(request) if fork is not None else None
-    if n is None or request.num_computed_tokens < n:
-        return
-    tail_hash = fork.tail_hash(request, n)
-    if manager.block_pool.get_cached_block(tail_hash, [0]) is not None:
+    if fork is None:
         return
     blocks = manager.coordinator.single_type_managers[0].req_to_blocks.get(request.request_id)
-    if not blocks or len(blocks) <= n // fork.block_size:
-        return
-    manager.block_pool._insert_block_hash(make_block_hash_with_group_id(tail_hash, 0),
-                                          blocks[n // fork.block_size], num_tokens=n)
+    for n in fork.boundaries(request):
+        if request.num_computed_tokens < n or not blocks or len(blocks) <= n // fork.block_size:
+            continue
+        tail_hash = fork.tail_hash(request, n)
+        if manager.block_pool.get_cached_block(tail_hash, [0]) is None:
+            manager.block_pool._insert_block_hash(make_block_hash_with_group_id(tail_hash, 0),
+                                                  blocks[n // fork.block_size], num_tokens=n)
 
 
 def apply() -> None:
