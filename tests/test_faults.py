@@ -1,0 +1,161 @@
+"""Faults, as the server sees them: a client that hangs up mid-request, and an engine error
+inside one PCD request. The engine's own gauges (`/metrics`) prove that nothing is left
+running or waiting and that every KV block came back."""
+
+import asyncio
+import contextlib
+import os
+import uuid
+
+import httpx
+import pytest
+
+from benchmarks.bench_latency import synthetic_ticket
+from benchmarks.soak import engine_state, is_idle, metric_value, wait_until_idle
+from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+CHAT = "/v1/chat/completions"
+# The limits' maximum, 32 fields of 8 values (256 candidates): in sequence mode the branches
+# run in several microbatches after a context of two prefill chunks, so a hang-up after the
+# context lands while branches are in flight.
+WIDE_SCHEMA = {
+    "type": "object",
+    "properties": {f"field_{i}": {"enum": [f"option {i}-{j}" for j in range(8)]}
+                   for i in range(32)},
+    "required": [f"field_{i}" for i in range(32)],
+    "additionalProperties": False,
+}
+FAULT_SALT = "pcd-test-engine-fault"
+# A vLLM general plugin, loaded by vLLM's own plugin mechanism in the fault server only.
+FAULT_PLUGIN = f'''"""Written by tests/test_faults.py: the third engine request carrying cache_salt
+{FAULT_SALT!r} (a PCD request's second branch, after its context and first branch) fails
+inside AsyncLLM.generate, as an engine fault would; vLLM aborts it and wraps the error."""
+
+import itertools
+
+_salted = itertools.count(1)
+
+
+def register():
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    add_request = AsyncLLM.add_request
+
+    async def faulty_add_request(self, request_id, prompt, *args, **kwargs):
+        if isinstance(prompt, dict) and prompt.get("cache_salt") == {FAULT_SALT!r}:
+            if next(_salted) == 3:
+                raise RuntimeError("injected engine fault")
+        return await add_request(self, request_id, prompt, *args, **kwargs)
+
+    AsyncLLM.add_request = faulty_add_request
+'''
+
+
+async def served_model(http):
+    return (await http.get("/v1/models")).json()["data"][0]["id"]
+
+
+async def metric(http, name):
+    return metric_value((await http.get("/metrics")).text, name)
+
+
+def pcd_body(model, schema, content=MESSAGE, **extra):
+    return {"model": model, "messages": [{"role": "user", "content": content}],
+            "chat_template_kwargs": {"pcd_schema": schema}, **extra}
+
+
+def chat_body(model):
+    return {"model": model, "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 16, "temperature": 0}
+
+
+async def answer(http, body):
+    response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text[:300]
+    return response.json()["choices"][0]["message"]["content"]
+
+
+async def hang_up_while_branches_run(url, body, http):
+    """Send `body` on a connection of its own and drop it once the engine has finished the
+    request's shared context (its branches are then being submitted or run). Returns whether
+    the call was cut short rather than answered."""
+    finished = await metric(http, "vllm:request_success_total")
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=None) as doomed:
+        call = asyncio.create_task(doomed.post(CHAT, json=body))
+        while not call.done() and await metric(http, "vllm:request_success_total") == finished:
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    return call.cancelled()
+
+
+async def hang_up(url, tokenizer):
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=600) as http:
+        model = await served_model(http)
+        idle = await engine_state(http, model)
+        outcome = 'pcd_requests_total{mode="sequence",outcome="%s"}'
+        cancelled, answered = await metric(http, outcome % "cancelled"), await metric(
+            http, outcome % "ok")
+        body = pcd_body(model, WIDE_SCHEMA, synthetic_ticket(tokenizer, 1000),
+                        cache_salt=uuid.uuid4().hex)
+        body["chat_template_kwargs"]["pcd_mode"] = "sequence"
+        assert await hang_up_while_branches_run(url, body, http), "answered before the hang-up"
+
+        after = await wait_until_idle(http, model, idle["kv_usage"])
+        assert is_idle(after, idle["kv_usage"]), (after, idle)
+        # The server saw the hang-up: the request was cancelled, never answered.
+        assert await metric(http, outcome % "cancelled") == cancelled + 1
+        assert await metric(http, outcome % "ok") == answered
+        assert await answer(http, pcd_body(model, SUPPORT_SCHEMA))
+
+
+def test_a_client_that_hangs_up_aborts_every_request_of_it_and_frees_its_blocks(
+        pcd_server, tokenizer):
+    asyncio.run(hang_up(pcd_server, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def fault_server(model_path, tmp_path_factory):
+    """The test server's configuration plus the fault plugin above (`VLLM_PLUGINS=pcd,
+    pcd_fault`): the one way to fail an engine request inside a real server without a test
+    hook in the plugin."""
+    from vllm_pcd.launch import serve
+
+    root = tmp_path_factory.mktemp("fault_plugin")
+    (root / "pcd_fault_plugin.py").write_text(FAULT_PLUGIN)
+    dist = root / "pcd_fault_plugin-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pcd-fault-plugin\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\npcd_fault = pcd_fault_plugin:register\n")
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    with serve(model_path, args=SERVER_ARGS, plugins="pcd,pcd_fault",
+               env={"PYTHONPATH": path}, log_path=root / "vllm.log") as url:
+        yield url
+
+
+async def engine_fault(url):
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=600) as http:
+        model = await served_model(http)
+        idle = await engine_state(http, model)
+        errors = await metric(http, 'pcd_requests_total{mode="token",outcome="error"}')
+        pcd, chat = pcd_body(model, SIX_FIELD_SCHEMA), chat_body(model)
+        before = [await answer(http, pcd), await answer(http, chat)]
+
+        faulted = await http.post(CHAT, json={**pcd, "cache_salt": FAULT_SALT})
+        assert faulted.status_code == 500, faulted.text[:300]
+        error = faulted.json()["error"]
+        assert error["code"] == 500 and error["type"] == "InternalServerError"
+        assert "EngineGenerateError" in error["message"], error
+        assert "injected engine fault" in error["message"], error
+        assert await metric(http, 'pcd_requests_total{mode="token",outcome="error"}') == errors + 1
+
+        assert [await answer(http, pcd), await answer(http, chat)] == before
+        after = await wait_until_idle(http, model, idle["kv_usage"])
+        assert is_idle(after, idle["kv_usage"]), (after, idle)
+
+
+def test_an_engine_fault_fails_its_request_only(fault_server):
+    asyncio.run(engine_fault(fault_server))
