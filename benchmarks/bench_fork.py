@@ -1,11 +1,15 @@
-"""Tokens computed and latency of token-mode PCD with the KV fork on and off, in one run.
+"""Tokens computed and latency of PCD, two executions side by side in one run.
 
-    python -m benchmarks.bench_fork [--fields 1 8 32] [--contexts 100 300 1000] [--reps 3]
+    python -m benchmarks.bench_fork [--compare fork|trie] [--fields 1 8 32]
+                                    [--contexts 100 300 1000] [--reps 3]
 
-Each mode gets its own offline bf16 `vllm.LLM` whose engine core (a subprocess) reads
-`PCD_FORK` when it starts. Every call runs under a fresh cache salt, so none reuses another's
-blocks; the first call of each cell warms it up and is not timed. "ideal" is shared context +
-every branch's own tokens; "computed" is what the engine reports it ran.
+`--compare fork` (token mode): the KV fork on and off; each gets its own offline bf16
+`vllm.LLM` whose engine core (a subprocess) reads `PCD_FORK` when it starts.
+`--compare trie` (sequence mode): trie nodes chained (each trie token computed once, one call
+per trie level) and flat (every node in one call, recomputing its path), on one engine.
+Every call runs under a fresh cache salt, so none reuses another's blocks; the first call of
+each cell warms it up and is not timed. "ideal" is shared context + every distinct branch
+token; "computed" is what the engine reports it ran.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
 from benchmarks.methods import load_tokenizer
+from vllm_pcd.engine import TRIE_ENV
 from vllm_pcd.internals.fork import ENV
 from vllm_pcd.models import default_model_path
 
@@ -40,43 +45,67 @@ class Row:
     latency_s: float
 
 
-def measure(model: str, fork_on: bool, cells: list[Cell], reps: int) -> list[Row]:
-    """One engine, every cell: the median latency and what the last call computed."""
+# Per comparison: the PCD mode, the environment variable it flips, and its two settings.
+COMPARISONS = {"fork": ("token", ENV, ("1", "0")),
+               "trie": ("sequence", TRIE_ENV, ("chained", "flat"))}
+
+
+def start_engine(model: str) -> Any:
     from vllm import LLM
 
+    return LLM(model, dtype="bfloat16", enable_prefix_caching=True, disable_log_stats=False,
+               max_model_len=4096, seed=0)
+
+
+def measure(llm: Any, mode: str, tag: str, cells: list[Cell], reps: int) -> list[Row]:
+    """Every cell on one engine: the median latency and what the last call computed."""
     from vllm_pcd import constrained
 
-    os.environ[ENV] = "1" if fork_on else "0"
-    mode = "on" if fork_on else "off"
-    llm = LLM(model, dtype="bfloat16", enable_prefix_caching=True, disable_log_stats=False,
-              max_model_len=4096, seed=0)
     rows = []
-    try:
-        for cell in cells:
-            tag = f"bench-fork-{mode}-{cell.fields}-{cell.context}"
-            constrained(llm, cell.text, cell.schema, cache_salt=f"{tag}-warm")
-            latencies = []
-            for rep in range(reps):
-                start = time.perf_counter()
-                result = constrained(llm, cell.text, cell.schema, cache_salt=f"{tag}-{rep}")
-                latencies.append(time.perf_counter() - start)
-            shared = len(result.plan.shared_ids)
-            rows.append(Row(shared, shared + result.plan.branch_tokens,
-                            result.execution.tokens_computed, result.execution.backbone_calls,
-                            statistics.median(latencies)))
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    for cell in cells:
+        salt = f"bench-{tag}-{cell.fields}-{cell.context}"
+        constrained(llm, cell.text, cell.schema, mode=mode, cache_salt=f"{salt}-warm")
+        latencies = []
+        for rep in range(reps):
+            start = time.perf_counter()
+            result = constrained(llm, cell.text, cell.schema, mode=mode,
+                                 cache_salt=f"{salt}-{rep}")
+            latencies.append(time.perf_counter() - start)
+        shared = len(result.plan.shared_ids)
+        rows.append(Row(shared, shared + result.plan.branch_tokens,
+                        result.execution.tokens_computed, result.execution.backbone_calls,
+                        statistics.median(latencies)))
     return rows
 
 
-def table(cells: list[Cell], on: list[Row], off: list[Row]) -> str:
+def compare(model: str, comparison: str, cells: list[Cell], reps: int) -> list[list[Row]]:
+    """Both settings; the fork needs an engine each (its core reads the variable at start)."""
+    mode, env, settings = COMPARISONS[comparison]
+    results, llm = [], None
+    try:
+        for setting in settings:
+            os.environ[env] = setting
+            if llm is None or env == ENV:
+                if llm is not None:
+                    llm.llm_engine.engine_core.shutdown()
+                llm = start_engine(model)
+            results.append(measure(llm, mode, f"{comparison}-{setting}", cells, reps))
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+    return results
+
+
+def table(cells: list[Cell], labels: tuple[str, str], a_rows: list[Row],
+          b_rows: list[Row]) -> str:
+    a_head, b_head = (f"{label}: computed" for label in labels)
     head = (f"{'fields':>6} {'context':>7} {'shared':>6} {'ideal':>6} | "
-            f"{'fork on: computed':>17} {'calls':>5} {'latency':>8} | "
-            f"{'fork off: computed':>18} {'calls':>5} {'latency':>8}")
+            f"{a_head:>18} {'calls':>5} {'latency':>8} | "
+            f"{b_head:>18} {'calls':>5} {'latency':>8}")
     lines = [head, "-" * len(head)]
-    for cell, a, b in zip(cells, on, off):
+    for cell, a, b in zip(cells, a_rows, b_rows):
         lines.append(f"{cell.fields:>6} {cell.context:>7} {a.shared:>6} {a.ideal:>6} | "
-                     f"{a.computed:>17} {a.backbone_calls!s:>5} {a.latency_s:>7.2f}s | "
+                     f"{a.computed:>18} {a.backbone_calls!s:>5} {a.latency_s:>7.2f}s | "
                      f"{b.computed:>18} {b.backbone_calls!s:>5} {b.latency_s:>7.2f}s")
     return "\n".join(lines)
 
@@ -85,6 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fork",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()))
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="fork")
     parser.add_argument("--fields", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[100, 300, 1000],
                         help="conversation length in tokens (the field list comes on top)")
@@ -98,9 +128,9 @@ def main(argv: list[str] | None = None) -> str:
     tokenizer = load_tokenizer(args.model)
     cells = [Cell(f, c, synthetic_ticket(tokenizer, c), synthetic_schema(f))
              for f in args.fields for c in args.contexts]
-    on = measure(args.model, True, cells, args.reps)
-    off = measure(args.model, False, cells, args.reps)
-    report = table(cells, on, off)
+    first, second = compare(args.model, args.compare, cells, args.reps)
+    _, env, settings = COMPARISONS[args.compare]
+    report = table(cells, tuple(f"{env}={s}" for s in settings), first, second)
     print(report)
     return report
 

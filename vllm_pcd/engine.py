@@ -169,30 +169,45 @@ def fork_lengths(scorings: Sequence[Scoring], shared_len: int, chained: bool) ->
     return lengths
 
 
-def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
-                cache_salt: str | None = None) -> Execution:
-    """Blocking execution on a `vllm.LLM`."""
-    start = time.perf_counter()
+def branch_batches(plan: Plan, group_id: str, branches_per_batch: int,
+                   cache_salt: str | None) -> list[list[tuple[int, TokensPrompt, SamplingParams]]]:
+    """Every scoring request, in the batches it runs in: (scoring index, prompt, params).
+    Each batch is tagged as one admission group, so one engine step takes it whole."""
     shared_len = len(plan.shared_ids)
-    [prefill] = llm.generate([_prompt(plan.shared_ids, cache_salt)], prefill_params(shared_len),
-                             use_tqdm=False)
-    mid = time.perf_counter()
     scorings = plan.scorings()
     restrict = restrictable(plan)
     chained = chained_tries()
     forks = fork_lengths(scorings, shared_len, chained)
-    outputs: list[Any] = [None] * len(scorings)
-    for batch in schedule(scorings, branches_per_batch, chained):
-        got = llm.generate(
-            [_prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt) for i in batch],
-            [branch_params(scorings[i].token_ids, shared_len=shared_len, restrict=restrict[i],
-                           fork_lengths=forks[i]) for i in batch],
-            use_tqdm=False)
-        for i, output in zip(batch, got):
-            outputs[i] = output
-    end = time.perf_counter()
-    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
+    batches = []
+    for number, batch in enumerate(schedule(scorings, branches_per_batch, chained)):
+        together = group_args(f"{group_id}-b{number}", len(batch))
+        batches.append([(i, _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
+                         branch_params(scorings[i].token_ids, together, shared_len,
+                                       restrict[i], forks[i]))
+                        for i in batch])
+    return batches
+
+
+def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, mid: float,
+               end: float) -> Execution:
+    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, plan.scorings()))
     return Execution(_report(prefill), branches, mid - start, end - mid)
+
+
+def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
+                cache_salt: str | None = None) -> Execution:
+    """Blocking execution on a `vllm.LLM`."""
+    start = time.perf_counter()
+    [prefill] = llm.generate([_prompt(plan.shared_ids, cache_salt)],
+                             prefill_params(len(plan.shared_ids)), use_tqdm=False)
+    mid = time.perf_counter()
+    outputs: list[Any] = [None] * len(plan.scorings())
+    group_id = f"pcd-offline-{uuid.uuid4().hex}"
+    for batch in branch_batches(plan, group_id, branches_per_batch, cache_salt):
+        indices, prompts, params = zip(*batch)
+        for i, output in zip(indices, llm.generate(list(prompts), list(params), use_tqdm=False)):
+            outputs[i] = output
+    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())
 
 
 async def _final(stream: AsyncIterator[Any]) -> Any:
@@ -209,28 +224,16 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
     """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
     aborts every request still in flight: vLLM aborts a request whose stream is closed."""
     rid = request_id or f"pcd-{uuid.uuid4().hex}"
-    shared_len = len(plan.shared_ids)
     start = time.perf_counter()
     prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
-                                           prefill_params(shared_len), f"{rid}-ctx"))
+                                           prefill_params(len(plan.shared_ids)), f"{rid}-ctx"))
     mid = time.perf_counter()
-    scorings = plan.scorings()
-    restrict = restrictable(plan)
-    chained = chained_tries()
-    forks = fork_lengths(scorings, shared_len, chained)
-    outputs: list[Any] = [None] * len(scorings)
-    for number, batch in enumerate(schedule(scorings, branches_per_batch, chained)):
-        together = group_args(f"{rid}-b{number}", len(batch))
+    outputs: list[Any] = [None] * len(plan.scorings())
+    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
-            tasks = {i: group.create_task(_final(engine.generate(
-                _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
-                branch_params(scorings[i].token_ids, together, shared_len, restrict[i],
-                              forks[i]),
-                f"{rid}-s{i}")))
-                for i in batch}
+            tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}")))
+                     for i, prompt, params in batch}
         for i, task in tasks.items():
             outputs[i] = task.result()
-    end = time.perf_counter()
-    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, scorings))
-    return Execution(_report(prefill), branches, mid - start, end - mid)
+    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())
