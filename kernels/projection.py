@@ -37,7 +37,6 @@ ROUTES = {  # a route a caller may ask for -> the arithmetic it computes
     "w4a8-flaggems": "w4a8",
 }
 _FALLBACK = {"triton": "torch", "w4a8-triton": "w4a8-torch", "w4a8-flaggems": "w4a8-torch"}
-_TRUE = {"1", "true", "on", "yes"}
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,15 @@ def flagos_host() -> bool:
             and os.environ.get("FLAGGEMS_VENDOR", "").lower() == "arm")
 
 
+def strict_mode() -> bool:
+    """FlagGems' reading of FLAGGEMS_ARM_Q4_STRICT: strict unless "0", and unset means strict
+    on a FlagOS host (its default); elsewhere unset means lenient."""
+    value = os.environ.get("FLAGGEMS_ARM_Q4_STRICT")
+    if value is None:
+        return flagos_host()
+    return value.strip() != "0"
+
+
 def _cannot_run(route: str, device: torch.device) -> str | None:
     """Why `route` cannot run for tensors on `device`, or None when it can."""
     if route in ("triton", "w4a8-triton"):
@@ -138,11 +146,11 @@ def select_route(device: torch.device | str = "cpu", scheme: str | None = None, 
     computes what its quantized head computes (w8a8 with FL_INT8_LMHEAD=1, else w4a8 through
     FlagGems); elsewhere dense. The backend is FlagGems on FlagOS, Triton on CUDA, else
     PyTorch. When the preferred backend cannot run we fall back to the PyTorch route with a
-    warning, or raise RuntimeError if `strict` (default: env FLAGGEMS_ARM_Q4_STRICT=1).
+    warning, or raise RuntimeError if `strict` (default: `strict_mode()`).
     """
     device = torch.device(device)
     if strict is None:
-        strict = os.environ.get("FLAGGEMS_ARM_Q4_STRICT", "0").lower() in _TRUE
+        strict = strict_mode()
     chosen = scheme or os.environ.get("PCD_PROJECTION") or None
     if chosen is not None and chosen not in SCHEMES:
         raise ValueError(f"projection scheme must be one of {SCHEMES}; got {chosen!r}")
@@ -153,7 +161,7 @@ def select_route(device: torch.device | str = "cpu", scheme: str | None = None, 
             chosen = "w8a8" if os.environ.get("FL_INT8_LMHEAD") == "1" else "w4a8"
         elif strict:
             raise RuntimeError(f"FLAGGEMS_VENDOR=arm but FlagGems cannot run: {problem} "
-                               "(FLAGGEMS_ARM_Q4_STRICT=1)")
+                               "(FLAGGEMS_ARM_Q4_STRICT strict mode)")
         else:
             warnings.warn(f"FLAGGEMS_VENDOR=arm but FlagGems cannot run ({problem}); "
                           "projecting the dense head with PyTorch", stacklevel=2)
@@ -169,7 +177,7 @@ def select_route(device: torch.device | str = "cpu", scheme: str | None = None, 
         return preferred
     if strict:
         raise RuntimeError(f"projection route {preferred} cannot run: {problem} "
-                           "(FLAGGEMS_ARM_Q4_STRICT=1)")
+                           "(FLAGGEMS_ARM_Q4_STRICT strict mode)")
     warnings.warn(f"projection route {preferred} cannot run ({problem}); "
                   f"using {_FALLBACK[preferred]}", stacklevel=2)
     return _FALLBACK[preferred]
