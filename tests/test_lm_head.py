@@ -114,6 +114,8 @@ def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
     full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off")
     restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on")
     assert rows == sum(restrictable(restricted.plan)) == 1
+    assert restricted.diagnostics()["projection"] == {"route": "torch", "restricted_requests": 1}
+    assert full.diagnostics()["projection"] == {"route": None, "restricted_requests": 0}
     assert restricted.object == full.object
     for a, b in zip(restricted.fields, full.fields):
         assert worst(a.scores, b.scores) < SAME, a.field.name

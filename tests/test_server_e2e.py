@@ -6,6 +6,7 @@ import openai
 import pytest
 
 from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from vllm_pcd.engine import restrictable
 from vllm_pcd.launch import serve
 from vllm_pcd.pcd import as_messages
 from vllm_pcd.plan import build_plan
@@ -41,6 +42,9 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, tokenizer, schema):
     assert diag["tokens"]["computed"] == own_tokens(tokenizer, schema)
     assert diag["tokens"]["computed"] <= 1.2 * diag["tokens"]["ideal"]
     assert diag["backbone_calls"] == 2
+    plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
+    assert diag["projection"] == {"route": "torch",  # this CPU's restricted-head route
+                                  "restricted_requests": sum(restrictable(plan))}
     for name, field in diag["fields"].items():
         assert field["value"] == obj[name]
         probs = [c["probability"] for c in field["candidates"]]

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
-from vllm_pcd.engine import Execution, run_offline, run_online
+from vllm_pcd.engine import Execution, restrictable, run_offline, run_online
+from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.plan import DEFAULT_FORMULATION, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
@@ -23,6 +24,7 @@ class PCDResult:
     plan: Plan
     execution: Execution
     plan_s: float
+    projection_route: str | None = None  # the restricted LM head's route, when it is on
 
     @property
     def content(self) -> str:
@@ -48,6 +50,9 @@ class PCDResult:
                 "branches_s": ex.branches_s,
                 "total_s": self.plan_s + ex.prefill_s + ex.branches_s,
             },
+            "projection": {"route": self.projection_route,
+                           "restricted_requests": sum(restrictable(self.plan))
+                           if self.projection_route else 0},
             "fields": {r.field.name: r.diagnostics() for r in self.fields},
         }
 
@@ -80,9 +85,10 @@ def _results(plan: Plan, execution: Execution, normalization: str) -> tuple[Fiel
 
 
 def finish(schema: SchemaSpec, plan: Plan, execution: Execution, plan_s: float,
-           normalization: str = "sum") -> PCDResult:
+           normalization: str = "sum", projection_route: str | None = None) -> PCDResult:
     results = _results(plan, execution, normalization)
-    return PCDResult(assemble(schema, results), results, plan, execution, plan_s)
+    return PCDResult(assemble(schema, results), results, plan, execution, plan_s,
+                     projection_route)
 
 
 def check_normalization(normalization: str) -> str:
@@ -113,7 +119,8 @@ def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: 
     plan_s = time.perf_counter() - start
     execution = run_offline(llm, plan, branches_per_batch=limits.max_branches_per_batch,
                             cache_salt=cache_salt)
-    return finish(spec, plan, execution, plan_s, normalization)
+    return finish(spec, plan, execution, plan_s, normalization,
+                  configured_route(llm.llm_engine.vllm_config))
 
 
 async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[str, Any]],
@@ -122,11 +129,12 @@ async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[st
                              formulation: str = DEFAULT_FORMULATION,
                              template_kwargs: dict[str, Any] | None = None,
                              chat_template: str | None = None, request_id: str | None = None,
-                             cache_salt: str | None = None) -> PCDResult:
+                             cache_salt: str | None = None,
+                             projection_route: str | None = None) -> PCDResult:
     start = time.perf_counter()
     plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template, mode,
                       formulation)
     plan_s = time.perf_counter() - start
     execution = await run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
                                  request_id=request_id, cache_salt=cache_salt)
-    return finish(spec, plan, execution, plan_s, normalization)
+    return finish(spec, plan, execution, plan_s, normalization, projection_route)

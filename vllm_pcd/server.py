@@ -26,6 +26,7 @@ from vllm.logger import init_logger
 
 from vllm_pcd import metrics
 from vllm_pcd.compat import check_vllm_version
+from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.pcd import check_normalization, constrained_online
 from vllm_pcd.plan import DEFAULT_FORMULATION
 from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
@@ -112,6 +113,7 @@ class PCDService:
         self.engine = engine
         self.state = state
         self.limits = limits
+        self.projection_route = configured_route(state.vllm_config)
 
     def chat_template(self) -> str | None:
         serving_chat = getattr(self.state, "openai_serving_chat", None)
@@ -161,7 +163,7 @@ class PCDService:
                 mode=mode, normalization=normalization, formulation=formulation,
                 template_kwargs=kwargs,
                 chat_template=self.chat_template(), request_id=request_id,
-                cache_salt=request.cache_salt)
+                cache_salt=request.cache_salt, projection_route=self.projection_route)
         except SchemaError as err:  # limits that depend on the tokenized prompt
             return error_response(HTTPStatus.BAD_REQUEST, str(err), param=err.param)
         except Exception as err:  # an engine fault fails this request only

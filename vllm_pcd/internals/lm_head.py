@@ -134,6 +134,18 @@ def configured_scheme(vllm_config: Any) -> str | None:
     return pcd.get(CONFIG_KEY) if isinstance(pcd, dict) else None
 
 
+def configured_route(vllm_config: Any) -> str | None:
+    """The route the engine's restricted head serves with this configuration (None when the
+    head is switched off): what the response diagnostics report. The engine logs at start-up
+    whether its runner can take the head at all."""
+    if not enabled():
+        return None
+    from kernels import select_route
+
+    device = torch.device(vllm_config.device_config.device_type)
+    return select_route(device, configured_scheme(vllm_config))
+
+
 @functools.cache
 def projection_route(device: torch.device, scheme: str | None = None) -> str:
     """The route for this device and choice, logged once: the start-up coverage line."""
