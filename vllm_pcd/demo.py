@@ -40,8 +40,8 @@ def ask(url: str) -> None:
     print(f"message : {DEMO_MESSAGE}")
     print(f"answer  : {response.choices[0].message.content}")
     print(f"latency : {elapsed * 1000:.0f} ms, backbone calls: {diag['backbone_calls']}, "
-          f"tokens computed: {diag['tokens']['computed']} (shared {diag['tokens']['shared']} "
-          f"+ branches {diag['tokens']['branch']})")
+          f"tokens computed: {diag['tokens']['computed']} (ideal {diag['tokens']['ideal']} = "
+          f"shared {diag['tokens']['shared']} + distinct branch {diag['tokens']['branch']})")
     for name, field in diag["fields"].items():
         options = ", ".join(f"{json.dumps(c['value'])}={c['probability']:.2f}"
                             for c in field["candidates"])
