@@ -140,10 +140,8 @@ def configured_route(vllm_config: Any) -> str | None:
     whether its runner can take the head at all."""
     if not enabled():
         return None
-    from kernels import select_route
-
     device = torch.device(vllm_config.device_config.device_type)
-    return select_route(device, configured_scheme(vllm_config))
+    return projection_route(device, configured_scheme(vllm_config))
 
 
 @functools.cache
