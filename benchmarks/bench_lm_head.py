@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the switch must reach the worker
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_PLUGINS", "pcd")  # the engine patches are what it measures
     if not args.bound:
         os.environ.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     from vllm import LLM

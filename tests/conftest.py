@@ -54,6 +54,7 @@ def fp32_llm(model_path):
     """One in-process FP32 engine for the whole session (startup dominates test time)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_PLUGINS", "pcd")  # PCD's engine patches are only applied when asked
     from vllm import LLM
 
     llm = LLM(str(model_path), dtype="float32", enable_prefix_caching=True,

@@ -13,7 +13,7 @@ from tests.conftest import MESSAGE, SUPPORT_SCHEMA
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, microbatches, prefill_params
-from vllm_pcd.internals import fork
+from vllm_pcd.internals import fork, tags
 from vllm_pcd.pcd import as_messages
 from vllm_pcd.plan import build_plan
 from vllm_pcd.schema import Limits, parse_schema
@@ -143,7 +143,7 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
     fp32_llm.generate([salted(plan.shared_ids, salt)], prefill_params(shared), use_tqdm=False)
     engine = fp32_llm.llm_engine
     long_branch = SamplingParams(max_tokens=64, ignore_eos=True, detokenize=False,
-                                 extra_args=fork.fork_args(shared))
+                                 extra_args=tags.encode(tags.Tags(shared=(shared,))))
     engine.add_request("abort-running", salted(plan.shared_ids + first.suffix_ids, salt),
                        long_branch)
     engine.add_request("abort-waiting", salted(plan.shared_ids + second.suffix_ids, salt),

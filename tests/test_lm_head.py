@@ -13,7 +13,7 @@ from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, restrictable
-from vllm_pcd.internals import lm_head
+from vllm_pcd.internals import lm_head, tags
 from vllm_pcd.pcd import as_messages
 from vllm_pcd.plan import build_plan
 from vllm_pcd.schema import parse_schema
@@ -64,7 +64,7 @@ def test_engine_restricts_only_scores_renormalised_at_one_position(tokenizer):
     assert fields.count(2) > 1 and fields.count(3) > 1 and fields.count(1) == 3
     assert restrictable(json) == [i == 0 for i in fields]
     assert restrictable(codes) == [i != 3 for i in (s.field_index for s in codes.scorings())]
-    assert branch_params([5, 7], restrict=True).extra_args == {lm_head.ALLOWED_KEY: [5, 7]}
+    assert tags.check(branch_params([5, 7], restrict=True).extra_args) == tags.Tags(allowed=(5, 7))
     assert branch_params([5, 7]).extra_args is None
 
 
@@ -122,15 +122,16 @@ def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
 
 
 def test_plain_request_in_a_restricted_batch_stays_stock(fp32_llm, tokenizer, monkeypatch):
-    """One step runs a plain request, two tagged branches and a request with a malformed
-    tag; only the branches are restricted and the others get the stock log-probabilities."""
+    """One step runs a plain request, two tagged branches and a request with another
+    plugin's extra_args; only the branches are restricted and the others get the stock
+    log-probabilities."""
     plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE),
                       formulation="codes")
     plain = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False)
-    malformed = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False,
-                               extra_args={lm_head.ALLOWED_KEY: ["not", "ids"]})
+    foreign = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False,
+                             extra_args={"allowed": ["not", "ids"], "other_plugin": 1})
     ids = [list(plan.shared_ids), *(plan.branch_ids(i) for i in range(2)), list(plan.shared_ids)]
-    params = [plain, *(branch_params(fp.code_ids, restrict=True) for fp in plan.fields), malformed]
+    params = [plain, *(branch_params(fp.code_ids, restrict=True) for fp in plan.fields), foreign]
 
     def run(on):
         monkeypatch.setenv(lm_head.ENV, "1" if on else "0")

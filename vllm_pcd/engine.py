@@ -25,9 +25,7 @@ from typing import Any, AsyncIterator, Sequence
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
-from vllm_pcd.internals.admission import group_args
-from vllm_pcd.internals.fork import fork_args
-from vllm_pcd.internals.lm_head import head_args
+from vllm_pcd.internals import tags
 from vllm_pcd.plan import FieldPlan, Plan, Scoring
 
 
@@ -96,7 +94,8 @@ def chained_tries() -> bool:
 def prefill_params(shared_len: int | None = None) -> SamplingParams:
     """`shared_len` tags the request so the branches can fork its KV at that length."""
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          extra_args=fork_args(shared_len) if shared_len else None)
+                          extra_args=tags.encode(tags.Tags(shared=(shared_len,) if shared_len
+                                                           else ())))
 
 
 def restrictable(plan: Plan) -> list[bool]:
@@ -109,16 +108,18 @@ def restrictable(plan: Plan) -> list[bool]:
     return [requests[s.field_index] == 1 and token_mode[s.field_index] for s in scorings]
 
 
-def branch_params(token_ids: Sequence[int], group: dict[str, Any] | None = None,
+def branch_params(token_ids: Sequence[int], group: tuple[str, int] | None = None,
                   shared_len: int | None = None, restrict: bool = False,
                   fork_lengths: Sequence[int] = ()) -> SamplingParams:
-    """`restrict` tags the request so the LM head projects onto `token_ids` only;
-    `fork_lengths` adds prompt lengths to fork at beyond the shared context."""
-    lengths = [n for n in (shared_len, *fork_lengths) if n]
-    extra = {**(group or {}), **(fork_args(*lengths) if lengths else {}),
-             **(head_args(token_ids) if restrict else {})}
+    """`group` (id, size) admits the request with its batch; `restrict` tags it so the LM
+    head projects onto `token_ids` only; `fork_lengths` adds prompt lengths to fork at beyond
+    the shared context."""
+    lengths = tuple(sorted({n for n in (shared_len, *fork_lengths) if n}))
+    group_id, group_size = group or (None, None)
+    extra = tags.encode(tags.Tags(group_id, group_size, lengths,
+                                  tuple(token_ids) if restrict else None))
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          logprob_token_ids=list(token_ids), extra_args=extra or None)
+                          logprob_token_ids=list(token_ids), extra_args=extra)
 
 
 def _prompt(ids: Sequence[int], cache_salt: str | None) -> TokensPrompt:
@@ -180,7 +181,7 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int,
     forks = fork_lengths(scorings, shared_len, chained)
     batches = []
     for number, batch in enumerate(schedule(scorings, branches_per_batch, chained)):
-        together = group_args(f"{group_id}-b{number}", len(batch))
+        together = (f"{group_id}-b{number}", len(batch))
         batches.append([(i, _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
                          branch_params(scorings[i].token_ids, together, shared_len,
                                        restrict[i], forks[i]))
@@ -220,19 +221,25 @@ async def _final(stream: AsyncIterator[Any]) -> Any:
 
 
 async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
-                     request_id: str | None = None, cache_salt: str | None = None) -> Execution:
+                     request_id: str | None = None, cache_salt: str | None = None,
+                     data_parallel_rank: int | None = None) -> Execution:
     """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
-    aborts every request still in flight: vLLM aborts a request whose stream is closed."""
+    aborts every request still in flight: vLLM aborts a request whose stream is closed.
+    With several data-parallel engines, `data_parallel_rank` pins every request to one, where
+    the context's KV and the branches' admission groups are."""
     rid = request_id or f"pcd-{uuid.uuid4().hex}"
+    pinned = {"data_parallel_rank": data_parallel_rank} if data_parallel_rank is not None else {}
     start = time.perf_counter()
     prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
-                                           prefill_params(len(plan.shared_ids)), f"{rid}-ctx"))
+                                           prefill_params(len(plan.shared_ids)), f"{rid}-ctx",
+                                           **pinned))
     mid = time.perf_counter()
     outputs: list[Any] = [None] * len(plan.scorings())
     for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
-            tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}")))
+            tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}",
+                                                                 **pinned)))
                      for i, prompt, params in batch}
         for i, task in tasks.items():
             outputs[i] = task.result()

@@ -5,16 +5,27 @@ Shared by the HTTP route and the offline API so both answer identically.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.logger import init_logger
+
+from vllm_pcd import internals
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
 from vllm_pcd.engine import Execution, restrictable, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.plan import DEFAULT_FORMULATION, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
+
+logger = init_logger("vllm.pcd")
+# Planning (chat template, tokenizer passes) blocks for milliseconds to seconds: on the API
+# server it runs here, one plan at a time, never on the event loop.
+_PLANNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcd-plan")
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,10 @@ def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: 
                 template_kwargs: dict[str, Any] | None = None) -> PCDResult:
     """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD. `mode` is the
     default for fields without their own `x-pcd-mode`."""
+    if not internals.active():
+        logger.warning_once("vllm-pcd's engine patches are off in this process (set "
+                            "VLLM_PLUGINS=pcd before creating the LLM): answers are the same, "
+                            "computed without the KV fork, grouped admission or restricted head")
     start = time.perf_counter()
     spec = parse_schema(schema, limits)
     check_normalization(normalization)
@@ -130,11 +145,14 @@ async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[st
                              template_kwargs: dict[str, Any] | None = None,
                              chat_template: str | None = None, request_id: str | None = None,
                              cache_salt: str | None = None,
-                             projection_route: str | None = None) -> PCDResult:
+                             projection_route: str | None = None,
+                             data_parallel_rank: int | None = None) -> PCDResult:
     start = time.perf_counter()
-    plan = build_plan(tokenizer, spec, messages, limits, template_kwargs, chat_template, mode,
-                      formulation)
+    plan = await asyncio.get_running_loop().run_in_executor(_PLANNER, functools.partial(
+        build_plan, tokenizer, spec, messages, limits, template_kwargs, chat_template, mode,
+        formulation))
     plan_s = time.perf_counter() - start
     execution = await run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
-                                 request_id=request_id, cache_salt=cache_salt)
+                                 request_id=request_id, cache_salt=cache_salt,
+                                 data_parallel_rank=data_parallel_rank)
     return finish(spec, plan, execution, plan_s, normalization, projection_route)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from vllm_pcd.schema import MODES, FieldSpec, Limits, SchemaError, SchemaSpec
+from vllm_pcd.schema import MODES, FieldSpec, Limits, SchemaError, SchemaSpec, shown
 from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, serialize
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
@@ -177,13 +177,45 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str) -> list[d
     return messages
 
 
+# Arguments PCD itself gives the template call, or that would change what it returns; a
+# request may not set them (vLLM's chat route refuses `chat_template` and `tokenize` too).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "add_generation_prompt", "continue_final_message", "tokenize",
+    "chat_template", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+    "tokenizer_kwargs", "padding", "truncation", "max_length", "tools"})
+
+
+def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request's remaining `chat_template_kwargs`, refused if they collide with PCD's own
+    arguments. Thinking stays off: `enable_thinking` may only repeat that."""
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or key in RESERVED_TEMPLATE_KWARGS:
+            raise SchemaError(f"chat_template_kwargs.{shown(key)} is set by PCD and cannot "
+                              "be given with pcd_schema", param=f"chat_template_kwargs.{shown(key)}",
+                              rule="reserved_template_kwarg")
+        if key == "enable_thinking" and value is not False:
+            raise SchemaError("chat_template_kwargs.enable_thinking: PCD renders with thinking "
+                              "off", param="chat_template_kwargs.enable_thinking",
+                              rule="reserved_template_kwarg")
+    return kwargs
+
+
 def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
                template_kwargs: dict[str, Any] | None = None,
                chat_template: str | None = None) -> list[int]:
-    """The model's own chat template, thinking off, up to the start of the assistant's reply."""
-    kwargs = {**(template_kwargs or {}), "enable_thinking": False}
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         chat_template=chat_template, **kwargs)
+    """The model's own chat template, thinking off, up to the start of the assistant's reply.
+    A template that fails on this request's input is the request's fault (HTTP 400)."""
+    kwargs = {**check_template_kwargs(dict(template_kwargs or {})), "enable_thinking": False}
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False, chat_template=chat_template,
+                                             **kwargs)
+    except Exception as err:  # a Jinja error, or a template raising on the request's input
+        raise SchemaError(f"the chat template failed on this request: {shown(str(err))}",
+                          param="chat_template_kwargs", rule="chat_template") from err
+    if not isinstance(text, str):
+        raise SchemaError("the chat template did not render text", param="chat_template_kwargs",
+                          rule="chat_template")
     # The template writes any BOS itself; adding special tokens again would double it.
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -231,6 +263,11 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     shared = render_ids(tokenizer, with_instruction(messages, instruction), template_kwargs,
                         chat_template)
     plan = Plan(tuple(shared), fields)
+    requests = 1 + len(plan.scorings())  # the shared context, then every scoring request
+    if requests > limits.max_engine_requests:
+        raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "
+                          f"is {limits.max_engine_requests}", param="pcd_schema",
+                          rule="max_engine_requests")
     total = len(plan.shared_ids) + max(len(s.suffix_ids) + 1 for s in plan.scorings())
     if total > limits.max_prompt_tokens:
         raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "

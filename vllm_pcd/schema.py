@@ -34,6 +34,8 @@ class Limits:
     max_prompt_tokens: int = 4096
     max_value_tokens: int = 64
     max_branches_per_batch: int = 32
+    max_engine_requests: int = 1024  # one PCD call's requests to the engine, context included
+    max_request_seconds: int = 600   # a PCD call still running then is aborted (HTTP 504)
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> "Limits":
@@ -139,6 +141,21 @@ def _parse_field(name: str, raw: Any) -> FieldSpec:
     return FieldSpec(name, "enum", tuple(options), description, mode)
 
 
+def _check_json_schema(raw: dict[str, Any]) -> None:
+    """What passes the PCD contract must also be valid JSON Schema: an annotation of the wrong
+    type (`"type": null`, a numeric `title`) is an invalid schema, not an absent keyword."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError as InvalidJSONSchema
+
+    try:
+        Draft202012Validator.check_schema(raw)
+    except InvalidJSONSchema as err:
+        where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in err.path)
+        raise SchemaError(f"pcd_schema{shown(where)} is not valid JSON Schema: "
+                          f"{shown(err.message)}", param=f"pcd_schema{where[:80]}",
+                          rule="json_schema") from None
+
+
 def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
     """Validate `raw` against the PCD contract and the field/candidate limits."""
     if not isinstance(raw, dict):
@@ -177,6 +194,7 @@ def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
         _check_text("pcd_schema.properties", name, what="property name",
                     max_chars=_MAX_NAME_CHARS, rule="field_name")
         fields.append(_parse_field(name, field))
+    _check_json_schema(raw)
     spec = SchemaSpec(tuple(fields))
     if spec.total_candidates > limits.max_candidates:
         raise SchemaError(f"pcd_schema has {spec.total_candidates} candidate values in all; "

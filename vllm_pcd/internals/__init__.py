@@ -2,6 +2,7 @@
 
 `apply()` checks the vLLM version first and refuses an untested one; each module below
 patches one concern and is written against the versions in `vllm_pcd.compat`.
+- `intake`: the engine core verifies each request's PCD tag (`tags`) as it arrives.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
@@ -14,14 +15,22 @@ from vllm_pcd.compat import check_vllm_version
 _applied = False
 
 
+def active() -> bool:
+    """Whether this process runs with PCD's engine patches (the plugin was asked for, on a
+    supported vLLM)."""
+    return _applied
+
+
 def apply() -> None:
     """Idempotent: the plugin entry may run more than once in a process."""
     global _applied
     if _applied:
         return
     check_vllm_version()
-    from vllm_pcd.internals import admission, fork, lm_head
+    from vllm_pcd.internals import admission, fork, intake, lm_head, tags
 
+    tags.channel_key()  # generated here, before vLLM spawns the processes that inherit it
+    intake.apply()
     admission.apply()
     fork.apply()
     lm_head.apply()

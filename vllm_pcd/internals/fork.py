@@ -1,8 +1,8 @@
 """Branches fork the shared context's KV at its exact length, not at a block boundary.
 
 vLLM's prefix cache shares only full KV blocks, so every branch would recompute the last
-`shared_len % block_size` tokens of the shared context. A request tagged with
-`extra_args={"pcd_shared": [n, ...]}` (prompt lengths: the shared context's for the context
+`shared_len % block_size` tokens of the shared context. A request tagged with fork lengths
+(`Tags.shared`: prompt lengths: the shared context's for the context
 request and each branch; a trie node's parent's and its own when nodes chain):
 - leaves, when it releases its blocks, the block holding tokens up to each n in vLLM's
   prefix cache under a hash of exactly those n tokens (only once that KV is computed, so a
@@ -26,14 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_pcd.compat import require_methods
+from vllm_pcd.internals.intake import tags_of
 
-SHARED_KEY = "pcd_shared"
 ENV = "PCD_FORK"
-
-
-def fork_args(*lengths: int) -> dict[str, list[int]]:
-    """The prompt lengths at which a request may take a cached tail and leaves its own."""
-    return {SHARED_KEY: sorted(set(lengths))}
 
 
 @dataclass(frozen=True)
@@ -45,13 +40,10 @@ class Fork:
 
     def boundaries(self, request: Any) -> list[int]:
         """The tagged lengths that end inside a block, longest first."""
-        params = request.sampling_params
-        extra = getattr(params, "extra_args", None) if params is not None else None
-        lengths = extra.get(SHARED_KEY) if extra else None
-        if not isinstance(lengths, list) or request.mm_features:
+        tags = tags_of(request)
+        if tags is None or request.mm_features:
             return []
-        return sorted((n for n in set(lengths) if type(n) is int and n > 0
-                       and n % self.block_size), reverse=True)
+        return sorted((n for n in set(tags.shared) if n % self.block_size), reverse=True)
 
     def tail_hash(self, request: Any, n: int) -> bytes:
         """Chained like vLLM's block hashes, over the tokens of the partial block only."""

@@ -2,7 +2,7 @@
 
 A token-mode branch reads the log-probabilities of a few option tokens, renormalised over
 exactly those tokens, so the full-vocabulary projection of its row is wasted work. A request
-tagged with `extra_args={"pcd_allowed": [ids]}` gets, at every position it samples, logits
+tagged with allowed ids (`Tags.allowed`) gets, at every position it samples, logits
 h · W[ids]ᵀ (+ bias[ids], then the processor's soft cap and scale) from `kernels.project`,
 written into a float32 row that is -inf everywhere else. vLLM's log-softmax over that row is
 the distribution renormalised over the ids, which is what PCD reports anyway, and a greedy
@@ -26,26 +26,22 @@ import contextvars
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from vllm.logger import init_logger
 
 from vllm_pcd.compat import require_methods
+from vllm_pcd.internals.tags import allowed_ids
 
 # Under "vllm" so the messages go where vLLM's own do, at its level.
 logger = init_logger("vllm.pcd.lm_head")
 
-ALLOWED_KEY = "pcd_allowed"
 ENV = "PCD_RESTRICTED_HEAD"
 CONFIG_KEY = "projection"  # under additional_config.pcd
 
 # The V1 runner executing the current step, read by the logits processor.
 _RUNNER: contextvars.ContextVar[Any] = contextvars.ContextVar("pcd_runner", default=None)
-
-
-def head_args(token_ids: Sequence[int]) -> dict[str, list[int]]:
-    return {ALLOWED_KEY: list(token_ids)}
 
 
 @dataclass
@@ -99,19 +95,6 @@ def head_problem(processor: Any, lm_head: Any, bias: torch.Tensor | None,
     return None
 
 
-def _allowed(params: Any, vocab: int) -> list[int] | None:
-    """A request's allowed ids, or None when it carries none (or malformed ones)."""
-    extra = getattr(params, "extra_args", None) if params is not None else None
-    ids = extra.get(ALLOWED_KEY) if extra else None
-    if ids is None:
-        return None
-    if not (isinstance(ids, (list, tuple)) and ids
-            and all(type(t) is int and 0 <= t < vocab for t in ids)):
-        _warn_once(f"a request's {ALLOWED_KEY} is not a list of token ids below {vocab}")
-        return None
-    return list(ids)
-
-
 def tagged_rows(runner: Any, rows: int, vocab: int) -> tuple[list[int], list[list[int]]]:
     """Restricted rows of this step's logits and each one's ids (row i = request i)."""
     req_ids = runner.input_batch.req_ids
@@ -120,10 +103,11 @@ def tagged_rows(runner: Any, rows: int, vocab: int) -> tuple[list[int], list[lis
     picked, ids = [], []
     for row, req_id in enumerate(req_ids):
         state = runner.requests.get(req_id)
-        allowed = _allowed(state.sampling_params if state else None, vocab)
+        params = state.sampling_params if state else None
+        allowed = allowed_ids(params.extra_args if params is not None else None, vocab)
         if allowed is not None:
             picked.append(row)
-            ids.append(allowed)
+            ids.append(list(allowed))
     return picked, ids
 
 

@@ -1,0 +1,196 @@
+"""The closed engine channel (tags), grouped admission without a vLLM engine, the API guard,
+and the plugin's standing aside when it was not asked for."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_pcd.engine import branch_params, prefill_params
+from vllm_pcd.guard import ReservedXargsGuard, reserved_xargs_key
+from vllm_pcd.internals import admission, tags
+
+
+def test_own_tags_round_trip_and_forgeries_fail():
+    params = branch_params([3, 9], ("g-b0", 4), shared_len=130, restrict=True, fork_lengths=[140])
+    assert tags.check(params.extra_args) == tags.Tags("g-b0", 4, (130, 140), (3, 9))
+    assert tags.check(prefill_params(130).extra_args) == tags.Tags(shared=(130,))
+    assert tags.check(None) is None and tags.check({"other": 1}) is None
+    body = dict(params.extra_args["pcd"])
+    forged = [
+        {"pcd": {**body, "group_size": 5}},             # signed contents changed
+        {"pcd": {k: v for k, v in body.items() if k != "sig"}},
+        {"pcd": {**body, "sig": "0" * 64}},
+        {"pcd": "junk"}, {"pcd": None}, {"pcd": [1, 2]},
+        {"pcd_group": "x"}, {"pcd_group_size": 3}, {"PCD_allowed": [1]},
+        {"pcd": {**body, "extra": 1}},
+    ]
+    for extra in forged:
+        with pytest.raises(tags.BadTag):
+            tags.check(extra)
+
+
+@pytest.mark.parametrize("bad", [
+    tags.Tags("g", 0), tags.Tags("g", -1), tags.Tags("", 2), tags.Tags("g" * 300, 2),
+    tags.Tags(shared=(0,)), tags.Tags(shared=tuple(range(1, 40))), tags.Tags(allowed=(-1,)),
+    tags.Tags(allowed=(1 << 40,)), tags.Tags(allowed=()),
+])
+def test_signed_but_malformed_tags_fail(bad):
+    """Even a correctly signed tag must be well formed: the engine never trusts the shape."""
+    body = tags._body(bad)
+    body = {**body, "group_size": bad.group_size} if bad.group is not None else body
+    if bad.allowed == ():
+        body["allowed"] = []
+    with pytest.raises(tags.BadTag):
+        tags.check({"pcd": {**body, "sig": tags._signature(body)}})
+
+
+def test_the_worker_reads_allowed_ids_by_shape():
+    extra = branch_params([3, 9], restrict=True).extra_args
+    assert tags.allowed_ids(extra, vocab=10) == [3, 9]
+    assert tags.allowed_ids(extra, vocab=5) is None
+    assert tags.allowed_ids({"pcd": {"allowed": "x"}}, vocab=10) is None
+    assert tags.allowed_ids(None, vocab=10) is None
+
+
+class FakeScheduler:
+    """The slice of vLLM's Scheduler the admission patch wraps."""
+
+    def __init__(self):
+        self.requests, self.waiting, self.finished = {}, [], []
+
+    def add_request(self, request):
+        self.requests[request.request_id] = request
+        self.waiting.append(request.request_id)
+
+    def finish_requests(self, request_ids, status):
+        ids = list(self.requests) if request_ids is None else (
+            [request_ids] if isinstance(request_ids, str) else list(request_ids))
+        for rid in ids:
+            if self.requests.pop(rid, None) is not None:
+                self.finished.append(rid)
+        return ids
+
+    def schedule(self, *args, **kwargs):
+        scheduled, self.waiting = self.waiting, []
+        return scheduled
+
+    def get_num_unfinished_requests(self):
+        return len(self.requests)
+
+
+def request(rid, group=None, size=None):
+    return SimpleNamespace(request_id=rid, pcd_tags=tags.Tags(group, size) if group else None)
+
+
+@pytest.fixture
+def scheduler_cls():
+    cls = type("PatchedFake", (FakeScheduler,), {})
+    admission.patch_scheduler(cls)
+    return cls
+
+
+def test_a_group_enters_together(scheduler_cls):
+    sched = scheduler_cls()
+    sched.add_request(request("a", "g", 2))
+    assert sched.schedule() == [] and sched.get_num_unfinished_requests() == 1
+    sched.add_request(request("plain"))
+    sched.add_request(request("b", "g", 2))
+    assert sched.schedule() == ["plain", "a", "b"]
+
+
+def test_a_split_group_is_released_by_the_step_alone(scheduler_cls, monkeypatch):
+    """Nothing else arrives: the engine keeps stepping (held requests count as unfinished)
+    and its own step releases the group once it is stale."""
+    monkeypatch.setattr(admission, "GROUP_WAIT_S", 0.05)
+    sched = scheduler_cls()
+    sched.add_request(request("a", "g", 3))
+    sched.add_request(request("b", "g", 3))
+    assert sched.get_num_unfinished_requests() == 2 and sched.schedule() == []
+    time.sleep(0.06)
+    assert sched.schedule() == ["a", "b"]
+    sched.add_request(request("c", "g", 3))  # the late member waits a bounded time too
+    time.sleep(0.06)
+    assert sched.schedule() == ["c"]
+    assert not admission.pending(sched).groups
+
+
+def test_aborts_release_held_requests(scheduler_cls):
+    sched = scheduler_cls()
+    for rid, group in (("a", "g"), ("b", "h"), ("c", "h")):
+        sched.add_request(request(rid, group, 9))
+    sched.finish_requests("a", "aborted")
+    assert sched.finished == ["a"] and set(admission.pending(sched).groups) == {"h"}
+    sched.finish_requests(None, "aborted")  # abort-all (pause, shutdown) finds the held too
+    assert sched.finished == ["a", "b", "c"] and not admission.pending(sched).groups
+    assert sched.get_num_unfinished_requests() == 0
+
+
+def test_reserved_xargs_are_found_in_any_body():
+    assert reserved_xargs_key(b'{"vllm_xargs": {"pcd_group": "x"}}') == "pcd_group"
+    assert reserved_xargs_key(b'{"vllm_xargs": {"PCD": 1}}') == "PCD"
+    assert reserved_xargs_key(b'{"vllm_xargs": {"other": "pcd"}}') is None
+    assert reserved_xargs_key(b'{"messages": "pcd"}') is None
+    assert reserved_xargs_key(b"not json pcd") is None
+    assert reserved_xargs_key(b"[" * 100000 + b"pcd") is None
+
+
+def test_the_guard_refuses_or_replays_the_body():
+    seen = []
+
+    async def app(scope, receive, send):
+        while True:
+            message = await receive()
+            seen.append(message["body"])
+            if not message["more_body"]:
+                return
+
+    async def call(body):
+        chunks = [{"type": "http.request", "body": body[:5], "more_body": True},
+                  {"type": "http.request", "body": body[5:], "more_body": False}]
+        sent = []
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        await ReservedXargsGuard(app)({"type": "http", "method": "POST"}, receive, send)
+        return sent
+
+    refused = asyncio.run(call(b'{"vllm_xargs": {"pcd_group_size": null}}'))
+    assert refused[0]["status"] == 400
+    assert json.loads(refused[1]["body"])["error"]["param"] == "vllm_xargs"
+    assert asyncio.run(call(b'{"model": "pcd", "vllm_xargs": {"seed": 1}}')) == []
+    assert seen == [b'{"mod', b'el": "pcd", "vllm_xargs": {"seed": 1}}']
+
+
+PROBE = """
+import os, sys
+from vllm.plugins import load_general_plugins
+from vllm.v1.core.sched.scheduler import Scheduler
+before = Scheduler.add_request
+load_general_plugins()
+from vllm_pcd import internals
+print("patched" if Scheduler.add_request is not before else "stock", internals.active(),
+      "key" if "VLLM_PCD_TAG_KEY" in os.environ else "nokey")
+"""
+
+
+@pytest.mark.parametrize("plugins,expected", [
+    (None, "stock False nokey"), ("other", "stock False nokey"), ("fl,pcd", "patched True key")])
+def test_installed_is_not_enabled(plugins, expected):
+    """vLLM loads every general plugin when VLLM_PLUGINS is unset: PCD patches nothing then."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_PCD_TAG_KEY")}
+    if plugins is not None:
+        env["VLLM_PLUGINS"] = plugins
+    run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == expected
