@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from vllm_pcd.models import default_model_path
+from vllm_pcd.models import default_model_path, fast_dtype
 
 SUPPORT_SCHEMA = {
     "type": "object",
@@ -63,9 +63,10 @@ def fp32_llm(model_path):
     del llm
 
 API_KEY = "pcd-test-key"
-# One plugin server for the HTTP tests: bf16 as served, xgrammar for the AR baseline, and an
-# API key so every route's authentication is exercised too.
-SERVER_ARGS = ["--dtype", "bfloat16", "--max-model-len", "4096", "--api-key", API_KEY,
+# One plugin server for the HTTP tests: the dtype this CPU serves fastest (bf16 only where it
+# is native), xgrammar for the AR baseline, and an API key so every route's authentication is
+# exercised too.
+SERVER_ARGS = ["--dtype", fast_dtype(), "--max-model-len", "4096", "--api-key", API_KEY,
                "--structured-outputs-config",
                '{"backend": "xgrammar", "disable_any_whitespace": true}']
 

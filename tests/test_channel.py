@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_pcd.engine import branch_params, prefill_params
-from vllm_pcd.guard import ReservedXargsGuard, reserved_xargs_key
+from vllm_pcd.guard import RequestGuard, refused_part
 from vllm_pcd.internals import admission, tags
 
 
@@ -131,13 +131,14 @@ def test_aborts_release_held_requests(scheduler_cls):
     assert sched.get_num_unfinished_requests() == 0
 
 
-def test_reserved_xargs_are_found_in_any_body():
-    assert reserved_xargs_key(b'{"vllm_xargs": {"pcd_group": "x"}}') == "pcd_group"
-    assert reserved_xargs_key(b'{"vllm_xargs": {"PCD": 1}}') == "PCD"
-    assert reserved_xargs_key(b'{"vllm_xargs": {"other": "pcd"}}') is None
-    assert reserved_xargs_key(b'{"messages": "pcd"}') is None
-    assert reserved_xargs_key(b"not json pcd") is None
-    assert reserved_xargs_key(b"[" * 100000 + b"pcd") is None
+def test_reserved_parts_are_found_in_any_body():
+    assert refused_part(b'{"vllm_xargs": {"pcd_group": "x"}}')[0] == "vllm_xargs"
+    assert "'PCD'" in refused_part(b'{"vllm_xargs": {"PCD": 1}}')[1]
+    assert refused_part(b'{"structured_outputs": 3}')[0] == "structured_outputs"
+    for fine in (b'{"vllm_xargs": {"other": "pcd"}}', b'{"messages": "pcd"}', b"not json pcd",
+                 b"[" * 100000 + b"pcd", b'{"structured_outputs": {"json": {}}}',
+                 b'{"structured_outputs": null}'):
+        assert refused_part(fine) is None, fine
 
 
 def test_the_guard_refuses_or_replays_the_body():
@@ -161,7 +162,7 @@ def test_the_guard_refuses_or_replays_the_body():
         async def send(message):
             sent.append(message)
 
-        await ReservedXargsGuard(app)({"type": "http", "method": "POST"}, receive, send)
+        await RequestGuard(app)({"type": "http", "method": "POST"}, receive, send)
         return sent
 
     refused = asyncio.run(call(b'{"vllm_xargs": {"pcd_group_size": null}}'))
@@ -179,7 +180,7 @@ before = Scheduler.add_request
 load_general_plugins()
 from vllm_pcd import internals
 print("patched" if Scheduler.add_request is not before else "stock", internals.active(),
-      "key" if "VLLM_PCD_TAG_KEY" in os.environ else "nokey")
+      "key" if "PCD_TAG_KEY" in os.environ else "nokey")
 """
 
 
@@ -187,7 +188,7 @@ print("patched" if Scheduler.add_request is not before else "stock", internals.a
     (None, "stock False nokey"), ("other", "stock False nokey"), ("fl,pcd", "patched True key")])
 def test_installed_is_not_enabled(plugins, expected):
     """vLLM loads every general plugin when VLLM_PLUGINS is unset: PCD patches nothing then."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_PCD_TAG_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "PCD_TAG_KEY")}
     if plugins is not None:
         env["VLLM_PLUGINS"] = plugins
     run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,

@@ -50,7 +50,7 @@ def ask(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from vllm_pcd.launch import serve
-    from vllm_pcd.models import default_model_path
+    from vllm_pcd.models import default_model_path, fast_dtype
 
     parser = argparse.ArgumentParser(prog="python -m vllm_pcd.demo")
     parser.add_argument("--model", default=str(default_model_path()))
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"starting: VLLM_PLUGINS=pcd vllm serve {args.model} (about a minute on a CPU)")
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(serve(args.model, args=["--dtype", "bfloat16"],
+        url = stack.enter_context(serve(args.model, args=["--dtype", fast_dtype()],
                                         log_path="vllm-demo.log"))
         ask(url)
     return 0

@@ -1,10 +1,12 @@
-"""The API server refuses client `vllm_xargs` that would speak on PCD's engine channel.
-
-vLLM copies a request's `vllm_xargs` into `SamplingParams.extra_args` on every route (chat,
-completions, responses, ...), the dict PCD's engine-side patches read. The engine core
-rejects anything there it did not sign (`internals.tags`); this ASGI middleware answers such
-a request with a 400 naming the key before it reaches a handler, on every route. Only JSON
-POST bodies that mention `pcd` at all are parsed.
+"""The API server refuses, on every route, request bodies that would reach what a client
+must not touch, with a 400 naming the part:
+- `vllm_xargs` keys PCD reserves: vLLM copies a request's `vllm_xargs` into
+  `SamplingParams.extra_args` on every route (chat, completions, responses, ...), the dict
+  PCD's engine-side patches read. The engine core rejects anything there it did not sign
+  (`internals.tags`); this answers the client before that;
+- a `structured_outputs` that is not an object: vLLM 0.32's request validators call `.get`
+  on it and answer a 500 (found by tests/test_hostile.py).
+Only JSON POST bodies that mention either name are parsed.
 """
 
 from __future__ import annotations
@@ -18,28 +20,35 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def reserved_xargs_key(body: bytes) -> str | None:
-    """The first `vllm_xargs` key of a JSON body that PCD reserves, if any."""
-    if RESERVED_PREFIX.encode() not in body.lower():
+def refused_part(body: bytes) -> tuple[str, str] | None:
+    """(param, message) for a JSON body this guard refuses; None for every other body."""
+    if RESERVED_PREFIX.encode() not in body.lower() and b"structured_outputs" not in body:
         return None
     try:
         request = json.loads(body)
     except (ValueError, RecursionError):
         return None  # not JSON: vLLM's own handler refuses it
-    xargs = request.get("vllm_xargs") if isinstance(request, dict) else None
-    if not isinstance(xargs, dict):
+    if not isinstance(request, dict):
         return None
-    return next((k for k in xargs if k.lower().startswith(RESERVED_PREFIX)), None)
+    xargs = request.get("vllm_xargs")
+    if isinstance(xargs, dict):
+        key = next((k for k in xargs if k.lower().startswith(RESERVED_PREFIX)), None)
+        if key is not None:
+            return "vllm_xargs", (f"vllm_xargs key {key[:40]!r} is reserved for vllm-pcd's "
+                                  "engine channel; PCD options go in chat_template_kwargs")
+    structured = request.get("structured_outputs")
+    if structured is not None and not isinstance(structured, dict):
+        return "structured_outputs", (f"structured_outputs must be an object, got "
+                                      f"{type(structured).__name__}")
+    return None
 
 
-def refusal(key: str) -> bytes:
-    message = (f"vllm_xargs key {key[:40]!r} is reserved for vllm-pcd's engine channel; "
-               "PCD options go in chat_template_kwargs")
+def refusal(param: str, message: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": "BadRequestError",
-                                 "param": "vllm_xargs", "code": 400}}).encode()
+                                 "param": param, "code": 400}}).encode()
 
 
-class ReservedXargsGuard:
+class RequestGuard:
     """Pure ASGI middleware (the body is read once and replayed to the app unchanged)."""
 
     def __init__(self, app: Any) -> None:
@@ -57,9 +66,9 @@ class ReservedXargsGuard:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        key = reserved_xargs_key(b"".join(chunks))
-        if key is not None:
-            body = refusal(key)
+        refused = refused_part(b"".join(chunks))
+        if refused is not None:
+            body = refusal(*refused)
             await send({"type": "http.response.start", "status": 400,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode())]})

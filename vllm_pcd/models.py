@@ -27,6 +27,24 @@ def default_model_path() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
+# CPU flags under which vLLM's CPU backend computes bf16 natively (x86 AVX512-BF16 or AMX,
+# Arm BF16); elsewhere its bf16 linears fall back to torch and prefill runs ~6x slower than
+# float32 (measured on a 2-core AVX2 EPYC: 224 tokens, 5.3 s bf16 vs 0.9 s float32).
+_NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def fast_dtype(cpuinfo: str | None = None) -> str:
+    """The dtype to serve on this CPU: bfloat16 where it is native, float32 elsewhere."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "float32"
+    flags = {flag for line in cpuinfo.splitlines()
+             if line.split(":")[0].strip() in ("flags", "Features") for flag in line.split()}
+    return "bfloat16" if flags & _NATIVE_BF16_FLAGS else "float32"
+
+
 def _gguf_path() -> Path:
     import importlib.util
 
@@ -96,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     prov = sub.add_parser("provision", help="convert the default model if not done yet")
     prov.add_argument("--force", action="store_true")
     sub.add_parser("path", help="print the default model folder")
+    sub.add_parser("dtype", help="print the faster serving dtype on this CPU")
     args = parser.parse_args(argv)
     if args.command == "path":
         print(default_model_path())
+        return 0
+    if args.command == "dtype":
+        print(fast_dtype())
         return 0
     print(provision(force=args.force))
     return 0

@@ -24,7 +24,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
 from vllm_pcd import internals
-from vllm_pcd.guard import ReservedXargsGuard
+from vllm_pcd.guard import RequestGuard
 from vllm_pcd.pcd import constrained_online
 from vllm_pcd.schema import Limits, parse_schema
 from vllm_pcd.service import PCDService, error_response, is_pcd_request, logger
@@ -51,7 +51,7 @@ class PCDEndpointPlugin:
                            "this process (see the vllm-pcd line above)")
             return
         stock = _stock_chat_endpoint(app)
-        app.add_middleware(ReservedXargsGuard)
+        app.add_middleware(RequestGuard)
 
         @with_cancellation
         async def answer_pcd(request: ChatCompletionRequest, raw_request: Request):

@@ -11,7 +11,7 @@ route. So the channel is closed twice:
   arrives (`check`): a forged or malformed tag fails that request alone, with a clear error,
   before it reaches the scheduler. The API server refuses such `vllm_xargs` with a 400 before
   that (`vllm_pcd.guard`).
-Multi-node deployments must give every node the same `VLLM_PCD_TAG_KEY`.
+Multi-node deployments must give every node the same `PCD_TAG_KEY`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 TAG_KEY = "pcd"
-KEY_ENV = "VLLM_PCD_TAG_KEY"
+KEY_ENV = "PCD_TAG_KEY"
 MAX_GROUP_CHARS = 200
 MAX_GROUP_SIZE = 1 << 16
 MAX_ALLOWED_IDS = 1 << 12
