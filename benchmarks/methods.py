@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,14 +21,16 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import openai
 
+from vllm_pcd.models import fast_dtype
 from vllm_pcd.plan import FieldPlan, Plan, build_plan, instruction_text, with_instruction
 from vllm_pcd.schema import SchemaSpec, parse_schema
 from vllm_pcd.sequence import node_lookup
 
-# The flags every benchmark server runs with: bf16 weights, cached-token counts in `usage`
-# (the client-side token accounting needs them) and the grammar backend for AR JSON.
+# The flags every benchmark server runs with: the dtype this CPU serves fastest (bf16 only
+# where it is native), cached-token counts in `usage` (the client-side token accounting needs
+# them) and the grammar backend for AR JSON.
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
-SERVER_ARGS = ("--dtype", "bfloat16", "--enable-prompt-tokens-details",
+SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
                "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
 
 AR_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
@@ -79,7 +82,8 @@ class Client:
     """One OpenAI-compatible server: the async client plus the served model's name."""
 
     def __init__(self, url: str, timeout_s: float = 600):
-        self.api = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="EMPTY",
+        self.api = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1",
+                                      api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                                       max_retries=0, timeout=timeout_s)
         self.model: str | None = None
 
@@ -282,7 +286,8 @@ async def run_method(name: str, client: Client, task: Task) -> Outcome:
 def serving_note(url: str | None) -> str:
     if url:
         return f"attached to {url}: dtype and flags as that server was started"
-    return "serving bf16 (--dtype bfloat16), one server: pcd plugin + xgrammar structured outputs"
+    return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
+            "xgrammar structured outputs")
 
 
 def provenance() -> dict[str, Any]:

@@ -2,7 +2,8 @@ import os
 
 import pytest
 
-from vllm_pcd.models import default_model_path, fast_dtype
+from benchmarks.methods import SERVER_ARGS as BENCHMARK_SERVER_ARGS
+from vllm_pcd.models import default_model_path
 
 SUPPORT_SCHEMA = {
     "type": "object",
@@ -63,12 +64,10 @@ def fp32_llm(model_path):
     del llm
 
 API_KEY = "pcd-test-key"
-# One plugin server for the HTTP tests: the dtype this CPU serves fastest (bf16 only where it
-# is native), xgrammar for the AR baseline, and an API key so every route's authentication is
-# exercised too.
-SERVER_ARGS = ["--dtype", fast_dtype(), "--max-model-len", "4096", "--api-key", API_KEY,
-               "--structured-outputs-config",
-               '{"backend": "xgrammar", "disable_any_whitespace": true}']
+# One plugin server for the HTTP tests and the benchmark smoke test: the benchmarks' flags (the
+# dtype this CPU serves fastest, cached-token counts, xgrammar for the AR baseline) and an API
+# key so every route's authentication is exercised too.
+SERVER_ARGS = [*BENCHMARK_SERVER_ARGS, "--max-model-len", "4096", "--api-key", API_KEY]
 
 
 @pytest.fixture(scope="session")

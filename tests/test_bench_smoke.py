@@ -5,23 +5,28 @@ shared CI machine says nothing, so no timing is asserted.
 """
 
 import asyncio
+import os
 
 import pytest
 
 from benchmarks import bench_latency, evaluate
-from benchmarks.methods import SERVER_ARGS, Client, load_tokenizer, make_task, run_method
-from vllm_pcd.launch import serve
+from benchmarks.methods import Client, load_tokenizer, make_task, run_method
+from tests.conftest import API_KEY
 
 # Stock vLLM features: these must always run. The others may answer "unsupported".
 ALWAYS = {"pcd_token", "ar_json", "per_field", "floor"}
 
 
 @pytest.fixture(scope="module")
-def url(model_path, tmp_path_factory):
-    log = tmp_path_factory.mktemp("bench-serve") / "vllm.log"
-    with serve(model_path, args=[*SERVER_ARGS, "--max-model-len", "4096"], kv_cache_gib=1,
-               log_path=log) as base:
-        yield base
+def url(pcd_server):
+    """The suite's shared server (it runs the benchmark servers' flags too), with its key."""
+    saved = os.environ.get("OPENAI_API_KEY")
+    os.environ["OPENAI_API_KEY"] = API_KEY
+    yield pcd_server
+    if saved is None:
+        os.environ.pop("OPENAI_API_KEY")
+    else:
+        os.environ["OPENAI_API_KEY"] = saved
 
 
 def check_status(method, status):

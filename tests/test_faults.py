@@ -4,7 +4,9 @@ running or waiting and that every KV block came back."""
 
 import asyncio
 import contextlib
+import json
 import os
+import time
 import uuid
 
 import httpx
@@ -27,14 +29,21 @@ WIDE_SCHEMA = {
     "additionalProperties": False,
 }
 FAULT_SALT = "pcd-test-engine-fault"
+SPLIT_SALT = "pcd-test-split-group"
+STALL_SALT = "pcd-test-stalled-branch"
+BOUND_S = 20  # the fault server's limits.max_request_seconds
 # A vLLM general plugin, loaded by vLLM's own plugin mechanism in the fault server only.
-FAULT_PLUGIN = f'''"""Written by tests/test_faults.py: the third engine request carrying cache_salt
-{FAULT_SALT!r} (a PCD request's second branch, after its context and first branch) fails
-inside AsyncLLM.generate, as an engine fault would; vLLM aborts it and wraps the error."""
+FAULT_PLUGIN = f'''"""Written by tests/test_faults.py. Engine requests carrying these cache_salts, counted per
+salt (a PCD request's context is 1, its branches 2, 3, ...), misbehave inside
+AsyncLLM.add_request, before they reach the engine:
+- {FAULT_SALT!r}: the 3rd fails, as an engine fault would; vLLM aborts it and wraps the error;
+- {SPLIT_SALT!r}: every 3rd arrives 3 s late, so its admission group is split over a step;
+- {STALL_SALT!r}: every 2nd never arrives within a minute."""
 
-import itertools
+import asyncio
+import collections
 
-_salted = itertools.count(1)
+_salted = collections.Counter()
 
 
 def register():
@@ -43,9 +52,15 @@ def register():
     add_request = AsyncLLM.add_request
 
     async def faulty_add_request(self, request_id, prompt, *args, **kwargs):
-        if isinstance(prompt, dict) and prompt.get("cache_salt") == {FAULT_SALT!r}:
-            if next(_salted) == 3:
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if salt in ({FAULT_SALT!r}, {SPLIT_SALT!r}, {STALL_SALT!r}):
+            _salted[salt] += 1
+            if salt == {FAULT_SALT!r} and _salted[salt] == 3:
                 raise RuntimeError("injected engine fault")
+            if salt == {SPLIT_SALT!r} and _salted[salt] % 3 == 0:
+                await asyncio.sleep(3.0)
+            if salt == {STALL_SALT!r} and _salted[salt] % 2 == 0:
+                await asyncio.sleep(60.0)
         return await add_request(self, request_id, prompt, *args, **kwargs)
 
     AsyncLLM.add_request = faulty_add_request
@@ -131,7 +146,8 @@ def fault_server(model_path, tmp_path_factory):
     (dist / "entry_points.txt").write_text(
         "[vllm.general_plugins]\npcd_fault = pcd_fault_plugin:register\n")
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-    with serve(model_path, args=SERVER_ARGS, plugins="pcd,pcd_fault",
+    bound = ["--additional-config", json.dumps({"pcd": {"limits": {"max_request_seconds": BOUND_S}}})]
+    with serve(model_path, args=[*SERVER_ARGS, *bound], plugins="pcd,pcd_fault",
                env={"PYTHONPATH": path}, log_path=root / "vllm.log") as url:
         yield url
 
@@ -159,3 +175,40 @@ async def engine_fault(url):
 
 def test_an_engine_fault_fails_its_request_only(fault_server):
     asyncio.run(engine_fault(fault_server))
+
+
+async def split_and_stalled(url):
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=600) as http:
+        model = await served_model(http)
+        idle = await engine_state(http, model)
+        pcd = pcd_body(model, SUPPORT_SCHEMA)
+        plain = (await http.post(CHAT, json={**pcd, "cache_salt": uuid.uuid4().hex})).json()
+
+        # One branch of each group arrives after the engine has stepped without it: the group
+        # is released by the engine's own step (nothing else arrives on this idle server), the
+        # late branch waits its bounded time alone, and the answer is the same.
+        start = time.monotonic()
+        split = await http.post(CHAT, json={**pcd, "cache_salt": SPLIT_SALT})
+        assert split.status_code == 200, split.text[:300]
+        assert time.monotonic() - start < BOUND_S
+        assert split.json()["choices"][0]["message"]["content"] == \
+            plain["choices"][0]["message"]["content"]
+        for name, field in split.json()["pcd"]["fields"].items():
+            for got, want in zip(field["candidates"], plain["pcd"]["fields"][name]["candidates"]):
+                assert abs(got["score"] - want["score"]) < 1e-3, (name, got, want)
+
+        # A branch that never arrives: the call ends at its bound with a clear error, and the
+        # branches held for it are released and aborted.
+        start = time.monotonic()
+        stalled = await http.post(CHAT, json={**pcd, "cache_salt": STALL_SALT})
+        took = time.monotonic() - start
+        assert stalled.status_code == 504, stalled.text[:300]
+        assert "max_request_seconds" in stalled.json()["error"]["message"]
+        assert BOUND_S - 1 < took < BOUND_S + 15, took
+        after = await wait_until_idle(http, model, idle["kv_usage"])
+        assert is_idle(after, idle["kv_usage"]), (after, idle)
+        assert await answer(http, pcd)
+
+
+def test_split_groups_complete_and_a_stalled_call_ends_at_its_bound(fault_server):
+    asyncio.run(split_and_stalled(fault_server))
