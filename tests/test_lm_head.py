@@ -114,8 +114,10 @@ def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
     full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off")
     restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on")
     assert rows == sum(restrictable(restricted.plan)) == 1
-    assert restricted.diagnostics()["projection"] == {"route": "torch", "restricted_requests": 1}
-    assert full.diagnostics()["projection"] == {"route": None, "restricted_requests": 0}
+    assert restricted.diagnostics()["projection"] == {"route": "torch", "restricted_requests": 1,
+                                                      "fallbacks": 0}
+    assert full.diagnostics()["projection"] == {"route": None, "restricted_requests": 0,
+                                                "fallbacks": 1}
     assert restricted.object == full.object
     for a, b in zip(restricted.fields, full.fields):
         assert worst(a.scores, b.scores) < SAME, a.field.name
@@ -152,3 +154,25 @@ def test_plain_request_in_a_restricted_batch_stays_stock(fp32_llm, tokenizer, mo
         norm = math.log(sum(math.exp(v) for v in stock))
         assert worst(got, [v - norm for v in stock]) < SAME
         assert restricted[row].outputs[0].token_ids[0] in fp.code_ids
+
+
+@pytest.mark.parametrize("forced", ["head", "runner"])
+def test_a_forced_fallback_shows_in_the_measured_diagnostics(fp32_llm, monkeypatch, forced):
+    """The worker falls back to the full head (a head it cannot read, a runner it cannot
+    patch): the diagnostics, measured from the engine's outputs, say so, and the answer is
+    the same."""
+    restricted, _ = run_pcd(fp32_llm, monkeypatch, SIX_FIELD_SCHEMA, True, f"forced-{forced}",
+                            formulation="codes")
+    asked = sum(restrictable(restricted.plan))
+    assert restricted.diagnostics()["projection"] == {
+        "route": "torch", "restricted_requests": asked, "fallbacks": 0}
+    if forced == "head":
+        monkeypatch.setattr(lm_head, "head_problem", lambda *a: "the head is quantized (test)")
+    else:
+        monkeypatch.setattr(lm_head, "runner_problem", lambda runner: "LoRA (test)")
+    fallen, rows = run_pcd(fp32_llm, monkeypatch, SIX_FIELD_SCHEMA, True,
+                           f"forced-{forced}-off", formulation="codes")
+    assert rows == 0
+    assert fallen.diagnostics()["projection"] == {
+        "route": None, "restricted_requests": 0, "fallbacks": asked}
+    assert fallen.object == restricted.object

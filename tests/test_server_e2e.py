@@ -44,7 +44,8 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, tokenizer, schema):
     assert diag["backbone_calls"] == 2
     plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
     assert diag["projection"] == {"route": "torch",  # this CPU's restricted-head route
-                                  "restricted_requests": sum(restrictable(plan))}
+                                  "restricted_requests": sum(restrictable(plan)),
+                                  "fallbacks": 0}
     for name, field in diag["fields"].items():
         assert field["value"] == obj[name]
         probs = [c["probability"] for c in field["candidates"]]

@@ -37,6 +37,7 @@ class RequestReport:
     cached_tokens: int
     step_ts: float | None  # engine-core timestamp of the step that produced its token
     logprobs: dict[int, float]
+    restricted: bool = False  # the worker projected its LM head onto the allowed ids only
 
     @property
     def computed_tokens(self) -> int:
@@ -63,21 +64,32 @@ class Execution:
         return len(set(stamps))
 
 
-def _report(output: Any, wanted: Sequence[int] = ()) -> RequestReport:
+def probe_id(token_ids: Sequence[int]) -> int:
+    """A token outside a restricted request's allowed ids whose log-probability it also asks
+    for: only the restricted head makes it -inf (the stock head gives every token a finite
+    one), so the diagnostics report what the worker did, not what it was asked to do."""
+    allowed = set(token_ids)
+    return next(t for t in range(len(allowed) + 1) if t not in allowed)
+
+
+def _report(output: Any, wanted: Sequence[int] = (), probe: int | None = None) -> RequestReport:
     completion = output.outputs[0]
     logprobs: dict[int, float] = {}
+    restricted = False
     if wanted:
         step = completion.logprobs[0] if completion.logprobs else {}
-        missing = [t for t in wanted if t not in step]
+        missing = [t for t in (*wanted, *(() if probe is None else (probe,))) if t not in step]
         if missing:
             raise RuntimeError(f"engine returned no log-probability for token(s) {missing}")
         logprobs = {t: step[t].logprob for t in wanted}
+        restricted = probe is not None and step[probe].logprob == float("-inf")
     metrics = output.metrics
     return RequestReport(
         prompt_tokens=len(output.prompt_token_ids),
         cached_tokens=output.num_cached_tokens or 0,
         step_ts=getattr(metrics, "first_token_ts", None) if metrics is not None else None,
         logprobs=logprobs,
+        restricted=restricted,
     )
 
 
@@ -118,8 +130,9 @@ def branch_params(token_ids: Sequence[int], group: tuple[str, int] | None = None
     group_id, group_size = group or (None, None)
     extra = tags.encode(tags.Tags(group_id, group_size, lengths,
                                   tuple(token_ids) if restrict else None))
+    asked = [*token_ids, probe_id(token_ids)] if restrict else list(token_ids)
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          logprob_token_ids=list(token_ids), extra_args=extra)
+                          logprob_token_ids=asked, extra_args=extra)
 
 
 def _prompt(ids: Sequence[int], cache_salt: str | None) -> TokensPrompt:
@@ -191,7 +204,9 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int,
 
 def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, mid: float,
                end: float) -> Execution:
-    branches = tuple(_report(o, s.token_ids) for o, s in zip(outputs, plan.scorings()))
+    restrict = restrictable(plan)
+    branches = tuple(_report(o, s.token_ids, probe_id(s.token_ids) if r else None)
+                     for o, s, r in zip(outputs, plan.scorings(), restrict))
     return Execution(_report(prefill), branches, mid - start, end - mid)
 
 

@@ -41,6 +41,16 @@ class PCDResult:
     def content(self) -> str:
         return to_json(self.object)
 
+    def projection(self) -> dict[str, Any]:
+        """What the worker's LM head did for this request, as measured by its outputs
+        (`engine.probe_id`): how many engine requests it projected onto their allowed ids
+        and, when any, the route it serves them with; `fallbacks` counts the requests that
+        asked for the restricted head and got the full one."""
+        measured = sum(b.restricted for b in self.execution.branches)
+        asked = sum(restrictable(self.plan))
+        return {"route": self.projection_route if measured else None,
+                "restricted_requests": measured, "fallbacks": asked - measured}
+
     def diagnostics(self) -> dict[str, Any]:
         ex = self.execution
         shared = len(self.plan.shared_ids)
@@ -61,9 +71,7 @@ class PCDResult:
                 "branches_s": ex.branches_s,
                 "total_s": self.plan_s + ex.prefill_s + ex.branches_s,
             },
-            "projection": {"route": self.projection_route,
-                           "restricted_requests": sum(restrictable(self.plan))
-                           if self.projection_route else 0},
+            "projection": self.projection(),
             "fields": {r.field.name: r.diagnostics() for r in self.fields},
         }
 

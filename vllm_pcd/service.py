@@ -251,7 +251,8 @@ class PCDService:
                                   fault_message(err, request_id), kind="InternalServerError")
         diagnostics = result.diagnostics()
         metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
-                              diagnostics["tokens"]["computed"], time.perf_counter() - start)
+                              diagnostics["tokens"]["computed"], time.perf_counter() - start,
+                              diagnostics["projection"])
         return JSONResponse(content=completion(request_id, request.model or
                                                self.state.openai_serving_models.model_name(),
                                                result.content, diagnostics, len(spec.fields)))
