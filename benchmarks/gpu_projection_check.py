@@ -7,14 +7,22 @@
 2. "w4a8-triton" vs "w4a8-torch" (the reference arithmetic, same device): bit-identical, as
    kernels/triton_w4a8.py is built to be (IEEE steps in the same order, no FMA contraction);
 3. times: full projection (h·Wᵀ in BF16 over the vocabulary, then the allowed columns) vs
-   project(route="triton") end to end and the bare kernel.
-Exits 0 when every check passes, 1 when one fails, 2 when there is no CUDA device.
+   project(route="triton") end to end and the bare kernel;
+4. where vLLM is installed (and `--model`, default the provisioned SmolLM2, exists): serves
+   `VLLM_PLUGINS=pcd vllm serve` on vLLM's default runner choice and checks that a PCD
+   answer's measured diagnostics say its requests were restricted on the triton route (PCD
+   asks vLLM for the V1 runner on GPUs: vllm_pcd/internals/runner.py);
+then one summary line. Exits 0 when every check that could run passed, 1 when one failed, 2
+when there is no CUDA device.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -101,7 +109,34 @@ def timings(dev) -> None:
                           f"{routed:>10.4f} {kernel:>9.4f} {full / kernel:>11.1f}", flush=True)
 
 
-def main() -> int:
+def check_served(model: Path) -> bool | None:
+    """A PCD request on a real GPU server; None when vLLM or the model is not here."""
+    if importlib.util.find_spec("vllm") is None or not (model / "config.json").exists():
+        print(f"served check skipped: needs vLLM installed and a model at {model}")
+        return None
+    import httpx
+
+    from vllm_pcd.launch import serve
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+              "properties": {"a": {"enum": ["x", "y", "z"]}, "b": {"type": "boolean"}}}
+    with serve(model, args=["--max-model-len", "2048"], log_path="gpu-serve.log") as url:
+        name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": name, "messages": [{"role": "user", "content": "Pick one."}],
+                "chat_template_kwargs": {"pcd_schema": schema, "pcd_formulation": "codes"}}
+        projection = httpx.post(url + "/v1/chat/completions", json=body,
+                                timeout=300).json()["pcd"]["projection"]
+    passed = (projection["route"] == "triton" and projection["restricted_requests"] == 2
+              and projection["fallbacks"] == 0)
+    print(f"served PCD request: projection {projection} {'ok' if passed else 'FAIL'}")
+    return passed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_projection_check")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model for the served check (default: the provisioned SmolLM2)")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (the CPU tests run the same kernels "
               "under TRITON_INTERPRET=1: pytest tests/test_kernels.py tests/test_w4a8.py)")
@@ -110,11 +145,18 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
     torch.manual_seed(0)
     with torch.inference_mode():
-        ok = check_dense(dev)
-        ok &= check_w4a8(dev)
+        results = {"dense": check_dense(dev), "w4a8": check_w4a8(dev)}
         timings(dev)
-    print("all checks passed" if ok else "SOME CHECKS FAILED")
-    return 0 if ok else 1
+    if args.model is None:
+        from vllm_pcd.models import default_model_path
+
+        args.model = default_model_path()
+    results["served"] = check_served(args.model)
+    failed = [k for k, v in results.items() if v is False]
+    print("summary: " + ", ".join(f"{k} {'skipped' if v is None else 'ok' if v else 'FAIL'}"
+                                  for k, v in results.items())
+          + (f" -> FAILED: {failed}" if failed else " -> all that ran passed"))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

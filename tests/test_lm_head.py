@@ -176,3 +176,68 @@ def test_a_forced_fallback_shows_in_the_measured_diagnostics(fp32_llm, monkeypat
     assert fallen.diagnostics()["projection"] == {
         "route": None, "restricted_requests": 0, "fallbacks": asked}
     assert fallen.object == restricted.object
+
+
+def test_tensor_parallel_shards_sum_to_the_whole_head():
+    """Two vocabulary shards, each projecting only the allowed ids it owns (0 elsewhere):
+    their sum is the unsharded projection, including ids on either side of the boundary."""
+    torch.manual_seed(1)
+    vocab, hidden = 256, 32
+    weight, bias, h = torch.randn(vocab, hidden), torch.randn(vocab), torch.randn(3, hidden)
+    allowed = torch.tensor([[0, 127, 128, 255], [5, 5, 200, 131], [130, 129, 128, 64]])
+    from kernels import project
+
+    whole = project(h, weight, allowed, bias, "torch").logits
+    shards = []
+    for start, end in ((0, 128), (128, 256)):
+        head = SimpleNamespace(weight=weight[start:end], shard_indices=SimpleNamespace(
+            org_vocab_start_index=start, org_vocab_end_index=end))
+        shards.append(lm_head.shard_values(head, h, allowed, bias[start:end], "torch")[0])
+    owned_by_first = allowed < 128
+    assert torch.all(shards[0][~owned_by_first] == 0) and torch.all(shards[1][owned_by_first] == 0)
+    assert torch.allclose(shards[0] + shards[1], whole, atol=1e-6, rtol=0)
+
+
+def test_restricted_rows_take_the_stock_heads_dtype():
+    """A bf16 model's stock head returns bf16 logits; restricted rows are rounded the same
+    way, so the restricted and full fields of a request share that arithmetic."""
+    torch.manual_seed(2)
+    vocab, hidden = 300, 64
+    weight = (torch.randn(vocab, hidden) / 4).bfloat16()
+    h = (torch.randn(2, hidden) * 4).bfloat16()
+    processor = SimpleNamespace(org_vocab_size=vocab, soft_cap=None, scale=1.0, head_dtype=None)
+    ids = [[3, 77, 299], [8, 9]]
+    out = lm_head.restricted_logits(processor, SimpleNamespace(weight=weight), h, None, [0, 1],
+                                    ids, lambda x: None)
+    stock = (h @ weight.T).float()
+    for row, allowed in enumerate(ids):
+        got = out[row, allowed]
+        assert torch.equal(got.bfloat16().float(), got)  # representable in bf16: rounded
+        ulp = stock[row, allowed].abs() * 2 ** -7
+        assert torch.all((got - stock[row, allowed]).abs() <= ulp), (got, stock[row, allowed])
+
+
+def test_pcd_asks_for_the_v1_runner_unless_told_otherwise(monkeypatch):
+    from vllm_pcd.internals import runner
+
+    assert runner.choose_v1(True, None)
+    assert not runner.choose_v1(True, "1") and not runner.choose_v1(True, "0")
+    assert not runner.choose_v1(False, None)  # vLLM picked V1 itself (no GPU Triton, ...)
+
+    logged = []
+
+    class Config:
+        picks_v2 = True
+
+        @property
+        def use_v2_model_runner(self):
+            return self.picks_v2
+
+    runner.patch_runner_choice(Config, logged.append)
+    monkeypatch.delenv(runner.ENV, raising=False)
+    assert Config().use_v2_model_runner is False and logged
+    monkeypatch.setenv(runner.ENV, "1")
+    assert Config().use_v2_model_runner is True
+    Config.picks_v2 = False
+    monkeypatch.delenv(runner.ENV)
+    assert Config().use_v2_model_runner is False

@@ -6,6 +6,7 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
+- `runner`: the engine runs the model runner `lm_head` patches (V1) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ def apply() -> None:
     if _applied:
         return
     check_vllm_version()
-    from vllm_pcd.internals import admission, fork, intake, lm_head, tags
+    from vllm_pcd.internals import admission, fork, intake, lm_head, runner, tags
 
     tags.channel_key()  # generated here, before vLLM spawns the processes that inherit it
     intake.apply()
     admission.apply()
     fork.apply()
     lm_head.apply()
+    runner.apply()
     _applied = True

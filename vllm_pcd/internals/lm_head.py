@@ -81,8 +81,10 @@ def head_problem(processor: Any, lm_head: Any, bias: torch.Tensor | None,
 
     if processor.logits_as_input or skip_gather:
         return "the model computes its own logits"
-    if getattr(lm_head, "tp_size", 1) != 1:
-        return "the head is split over tensor-parallel ranks"
+    if getattr(lm_head, "tp_size", 1) != 1 and (
+            getattr(lm_head, "shard_indices", None) is None
+            or lm_head.shard_indices.num_added_elements):
+        return "the tensor-parallel head has no plain vocabulary shards"
     method = getattr(lm_head, "quant_method", None)
     if not isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
         return f"the head is quantized ({type(method).__name__})"
@@ -139,34 +141,79 @@ def projection_route(device: torch.device, scheme: str | None = None) -> str:
     return route
 
 
-def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
-                      bias: torch.Tensor | None, rows: list[int], ids: list[list[int]],
-                      stock: Any, scheme: str | None = None) -> torch.Tensor:
-    """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere) by
-    the route for `scheme`, the others by `stock(hidden_subset)`."""
+def _allowed_values(lm_head: Any, hidden: torch.Tensor, allowed: torch.Tensor,
+                    bias: torch.Tensor | None, route: str) -> tuple[torch.Tensor, str]:
+    """[rows, K] float32 logits of the allowed ids. Under tensor parallelism each rank holds
+    the head rows of one vocabulary shard: it projects the allowed ids it owns, writes 0 for
+    the others, and a sum over the ranks gives every value exactly (each id is owned once).
+    No full-vocabulary log-sum-exp is needed: restricted rows are renormalised over their
+    allowed ids, which is what PCD reports."""
     from kernels import project
 
+    if getattr(lm_head, "tp_size", 1) == 1:
+        result = project(hidden, lm_head.weight, allowed, bias, route)
+        return result.logits, result.route
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    values, got = shard_values(lm_head, hidden, allowed, bias, route)
+    return tensor_model_parallel_all_reduce(values), got
+
+
+def shard_values(lm_head: Any, hidden: torch.Tensor, allowed: torch.Tensor,
+                 bias: torch.Tensor | None, route: str) -> tuple[torch.Tensor, str]:
+    """This rank's share of the allowed logits: its own ids projected, 0 elsewhere."""
+    from kernels import project
+
+    shard = lm_head.shard_indices
+    owned = (allowed >= shard.org_vocab_start_index) & (allowed < shard.org_vocab_end_index)
+    local = torch.where(owned, allowed - shard.org_vocab_start_index, 0)
+    result = project(hidden, lm_head.weight, local, bias, route)
+    return torch.where(owned, result.logits, 0.0), result.route
+
+
+def _receives_logits(processor: Any, lm_head: Any) -> bool:
+    """Whether the stock head gives this rank logits: under tensor parallelism without
+    all-gather, only the first rank gets any (the rest receive None)."""
+    if getattr(lm_head, "tp_size", 1) == 1 or getattr(processor, "use_all_gather", True):
+        return True
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank() == 0
+
+
+def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
+                      bias: torch.Tensor | None, rows: list[int], ids: list[list[int]],
+                      stock: Any, scheme: str | None = None) -> torch.Tensor | None:
+    """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere) by
+    the route for `scheme`, the others by `stock(hidden_subset)` (None where the stock head
+    gives this tensor-parallel rank none). The allowed logits are rounded to the dtype the
+    stock head returns (the model's, or `head_dtype`) before the soft cap and scale, so the
+    restricted and unrestricted fields of one request share the stock head's arithmetic."""
     device = hidden.device
-    out = torch.full((hidden.shape[0], processor.org_vocab_size), float("-inf"),
-                     dtype=torch.float32, device=device)
     picked = torch.tensor(rows, device=device)
-    others = sorted(set(range(hidden.shape[0])) - set(rows))
-    if others:
-        rest = torch.tensor(others, device=device)
-        out[rest] = stock(hidden[rest]).float()
-        hidden = hidden[picked]
     width = max(map(len, ids))
     # Rows pad with their own last id: repeated ids write the same value.
     allowed = torch.tensor([a + a[-1:] * (width - len(a)) for a in ids], device=device)
-    result = project(hidden, lm_head.weight, allowed, bias,
-                     projection_route(device, scheme))
-    logits = result.logits
+    logits, route = _allowed_values(lm_head, hidden[picked], allowed, bias,
+                                    projection_route(device, scheme))
+    logits = logits.to(getattr(processor, "head_dtype", None) or hidden.dtype).float()
     if processor.soft_cap is not None:
         logits = torch.tanh(logits / processor.soft_cap) * processor.soft_cap
     if processor.scale != 1.0:
         logits = logits * processor.scale
+    if not _receives_logits(processor, lm_head):
+        return None
+    out = torch.full((hidden.shape[0], processor.org_vocab_size), float("-inf"),
+                     dtype=torch.float32, device=device)
+    others = sorted(set(range(hidden.shape[0])) - set(rows))
+    if others:
+        rest = torch.tensor(others, device=device)
+        stock_rows = stock(hidden[rest])
+        if stock_rows is None:  # a tensor-parallel rank the stock head gathers nothing to
+            return None
+        out[rest] = stock_rows.float()
     out[picked[:, None], allowed] = logits
-    STATS.route = result.route
+    STATS.route = route
     STATS.steps += 1
     STATS.rows += len(rows)
     return out
