@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite on the default model.
+# Set up (if needed) and run the test suite on the default model.
+#   ./scripts/test.sh [pytest options]               the whole suite, on vLLM 0.32.0
+#   PCD_VLLM=0.24.0 ./scripts/test.sh                the vLLM 0.24.0 (FlagOS) subset
+# PCD_TESTS overrides which test files run.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 "$repo/scripts/setup.sh"
 cd "$repo"
-exec "${PCD_VENV:-$repo/.venv}/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
+  venv=${PCD_VENV:-$repo/.venv-0.24}
+  # What runs on FlagOS hosts' vLLM: end to end, fidelity, the fork's token accounting, the
+  # restricted head, the engine channel and hostile input.
+  default_tests="tests/test_server_e2e.py tests/test_fidelity.py tests/test_fork.py
+    tests/test_lm_head.py tests/test_channel.py tests/test_reliability.py tests/test_faults.py"
+else
+  venv=${PCD_VENV:-$repo/.venv}
+  default_tests=tests
+fi
+# shellcheck disable=SC2086  # the test list is split on whitespace on purpose
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider ${PCD_TESTS:-$default_tests} "$@"

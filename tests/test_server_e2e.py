@@ -5,7 +5,8 @@ import json
 import openai
 import pytest
 
-from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from tests.conftest import (API_KEY, KV_FORK, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA,
+                            SUPPORT_SCHEMA, computed_tokens)
 from vllm_pcd.engine import restrictable
 from vllm_pcd.launch import serve
 from vllm_pcd.pcd import as_messages
@@ -22,9 +23,9 @@ def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
 
 def own_tokens(tokenizer, schema):
     """Shared context once, then each token-mode request's own tokens (a boolean's three
-    requests each recompute its short stem: they run in one step)."""
-    plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
-    return len(plan.shared_ids) + sum(len(s.suffix_ids) for s in plan.scorings())
+    requests each recompute its short stem: they run in one step); on vLLM 0.24 each also
+    recomputes the context's partial last block (`conftest.computed_tokens`)."""
+    return computed_tokens(build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE)))
 
 
 @pytest.mark.parametrize("schema", [SUPPORT_SCHEMA, SIX_FIELD_SCHEMA], ids=["2-field", "6-field"])
@@ -40,7 +41,8 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, tokenizer, schema):
     diag = response.model_extra["pcd"]
     assert diag["mode"] == "token" and diag["calibrated"] is False
     assert diag["tokens"]["computed"] == own_tokens(tokenizer, schema)
-    assert diag["tokens"]["computed"] <= 1.2 * diag["tokens"]["ideal"]
+    if KV_FORK:
+        assert diag["tokens"]["computed"] <= 1.2 * diag["tokens"]["ideal"]
     assert diag["backbone_calls"] == 2
     plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
     assert diag["projection"] == {"route": "torch",  # this CPU's restricted-head route

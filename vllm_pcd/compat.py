@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
+SUPPORTED_VLLM_VERSIONS = ("0.24.0", "0.32.0")
 
 
 class UnsupportedVLLMVersion(RuntimeError):
@@ -28,6 +28,15 @@ def check_vllm_version() -> str:
             f"vllm-pcd supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)}; found {version}. "
             "Install a supported vLLM or a vllm-pcd release that lists this version.")
     return version
+
+
+def require_callables(module: object, *names: str, patch: str) -> None:
+    """A patch's module-level targets must exist as written for."""
+    missing = [n for n in names if not callable(getattr(module, n, None))]
+    if missing:
+        raise UnsupportedVLLMVersion(
+            f"vllm-pcd {patch}: {getattr(module, '__name__', module)} lacks {missing}; this "
+            "vLLM is not the one the patch was written for")
 
 
 def require_methods(cls: type, *names: str, patch: str) -> None:

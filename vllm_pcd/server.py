@@ -1,4 +1,5 @@
-"""`vllm.endpoint_plugins` entry: PCD on `POST /v1/chat/completions`.
+"""`vllm.endpoint_plugins` entry (vLLM 0.32; on 0.24 `internals.app_v024` calls the same
+hooks): PCD on `POST /v1/chat/completions`.
 
 Requests whose `chat_template_kwargs` carry `pcd_schema` are answered by PCD (`service`);
 every other request goes, untouched, to vLLM's own chat-completions handler. Every route
@@ -20,6 +21,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.datastructures import State
+from starlette.middleware import Middleware
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
@@ -27,14 +29,20 @@ from vllm_pcd import internals
 from vllm_pcd.guard import RequestGuard
 from vllm_pcd.pcd import constrained_online
 from vllm_pcd.schema import Limits, parse_schema
-from vllm_pcd.service import PCDService, error_response, is_pcd_request, logger
+from vllm_pcd.service import (PCDService, error_response, is_pcd_request, logger,
+                              profile_advice)
 
 CHAT_PATH = "/v1/chat/completions"
 
 
+def _is_chat_post(route: Any) -> bool:
+    return isinstance(route, APIRoute) and route.path == CHAT_PATH and route.methods == {"POST"}
+
+
 def _stock_chat_endpoint(app: FastAPI):
+    """vLLM's own chat handler, which PCD's route replaces and delegates to."""
     for route in app.routes:
-        if isinstance(route, APIRoute) and route.path == CHAT_PATH and "POST" in route.methods:
+        if _is_chat_post(route):
             return route.endpoint
     raise RuntimeError(f"vLLM registered no POST {CHAT_PATH}; vllm-pcd cannot attach")
 
@@ -51,7 +59,11 @@ class PCDEndpointPlugin:
                            "this process (see the vllm-pcd line above)")
             return
         stock = _stock_chat_endpoint(app)
-        app.add_middleware(RequestGuard)
+        # Innermost: the guard runs after vLLM's own middleware (authentication first). A
+        # stack that was already built (vLLM 0.24's SageMaker bootstrap builds it) is rebuilt.
+        app.user_middleware.append(Middleware(RequestGuard))
+        if app.middleware_stack is not None:
+            app.middleware_stack = app.build_middleware_stack()
 
         @with_cancellation
         async def answer_pcd(request: ChatCompletionRequest, raw_request: Request):
@@ -66,6 +78,7 @@ class PCDEndpointPlugin:
                 return await answer_pcd(request, raw_request)
             return await stock(request, raw_request)
 
+        app.router.routes[:] = [r for r in app.router.routes if not _is_chat_post(r)]
         app.add_api_route(CHAT_PATH, create_chat_completion, methods=["POST"],
                           dependencies=[Depends(validate_json_request)])
 
@@ -76,6 +89,8 @@ class PCDEndpointPlugin:
         max_model_len = state.vllm_config.model_config.max_model_len
         if limits.max_prompt_tokens >= max_model_len:  # leave room for the one output token
             limits = dataclasses.replace(limits, max_prompt_tokens=max_model_len - 1)
+        if (advice := profile_advice(state.vllm_config, limits)) is not None:
+            logger.warning("vllm-pcd runs slowly with these serving flags: %s", advice)
         state.pcd = PCDService(engine_client, state, limits)
         if state.pcd.unavailable is not None:
             logger.warning("vllm-pcd answers PCD requests with 501: %s", state.pcd.unavailable)

@@ -17,7 +17,6 @@ from typing import Any, Iterator
 
 from fastapi.responses import JSONResponse
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.logger import init_logger
 
 from vllm_pcd import metrics
@@ -66,13 +65,12 @@ def fault_message(err: BaseException, request_id: str) -> str:
 def client_fault(err: BaseException) -> JSONResponse | None:
     """vLLM's own answer for an engine refusal the request caused (validation, admission
     control): the same 4xx or 429 its routes give. None for a server fault."""
-    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm_pcd.internals.errors import client_error_types, vllm_error_response
 
-    cause = next((e for e in _causes(err) if isinstance(e, (VLLMClientError, GracefulHTTPError))),
-                 None)
+    cause = next((e for e in _causes(err) if isinstance(e, client_error_types())), None)
     if cause is None:
         return None
-    error = create_error_response(cause).error
+    error = vllm_error_response(cause)
     return error_response(HTTPStatus(error.code), error.message, param=error.param,
                           kind=error.type)
 
@@ -128,6 +126,22 @@ def off_reason(vllm_config: Any) -> str | None:
     return None
 
 
+def profile_advice(vllm_config: Any, limits: Limits) -> str | None:
+    """The serving flags that would make PCD run at a fraction of its speed, and what to
+    change (FlagOS's release runs `--no-enable-prefix-caching --max-num-seqs 1`); None when
+    there are none."""
+    advice = []
+    if not vllm_config.cache_config.enable_prefix_caching:
+        advice.append("drop --no-enable-prefix-caching (without it every branch recomputes the "
+                      "whole shared context)")
+    seqs = vllm_config.scheduler_config.max_num_seqs
+    if seqs <= limits.max_branches_per_batch:
+        advice.append(f"raise --max-num-seqs from {seqs} to at least "
+                      f"{limits.max_branches_per_batch + 1} (a call's branches run together, "
+                      "at most max_branches_per_batch at a time, beside its context)")
+    return "; ".join(advice) or None
+
+
 def _private_tokenizer(engine: Any) -> Any:
     """A copy for PCD's planning thread, so it never shares a Rust tokenizer's borrow with
     vLLM's own tokenization thread."""
@@ -173,9 +187,11 @@ class PCDService:
         return getattr(self.serving_chat, "chat_template", None)
 
     def template_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
-        """`--default-chat-template-kwargs` under the request's own, as vLLM's route merges."""
+        """`--default-chat-template-kwargs` under the request's own, as vLLM's route merges
+        them (a null template variable leaves the default)."""
         defaults = getattr(self.serving_chat, "default_chat_template_kwargs", None) or {}
-        given = {k: v for k, v in (request.chat_template_kwargs or {}).items() if v is not None}
+        given = {k: v for k, v in (request.chat_template_kwargs or {}).items()
+                 if v is not None or k in PCD_KEYS}  # a null PCD option is refused, not unset
         return {**defaults, **given}
 
     def data_parallel_rank(self) -> int | None:

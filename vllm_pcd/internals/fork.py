@@ -134,7 +134,16 @@ def _leave_tail(manager: Any, request: Any) -> None:
                                                   blocks[n // fork.block_size], num_tokens=n)
 
 
+NO_PARTIAL_HITS = ("vLLM 0.24 shares only full KV blocks (no partial-hit copy-on-write): each "
+                   "branch recomputes the context's partially filled last block")
+
+
 def apply() -> None:
+    from vllm_pcd.compat import vllm_version
+
+    if vllm_version() == "0.24.0":
+        _apply_off(NO_PARTIAL_HITS)
+        return
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -174,3 +183,20 @@ def apply() -> None:
     KVCacheManager.get_computed_blocks = lookup_with_fork
     KVCacheManager.free = free_with_fork
     KVCacheManager.pop_blocks_for_free = pop_for_free_with_fork
+
+
+def _apply_off(reason: str) -> None:
+    """Plain prefix caching, said once per engine when its scheduler starts."""
+    from vllm.logger import init_logger
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    require_methods(Scheduler, "__init__", patch="fork")
+    init = Scheduler.__init__
+
+    @functools.wraps(init)
+    def init_without_fork(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.kv_cache_manager.pcd_fork = None
+        init_logger("vllm.pcd.fork").info("PCD KV fork off (%s): plain prefix caching", reason)
+
+    Scheduler.__init__ = init_without_fork

@@ -235,18 +235,19 @@ def apply() -> None:
     @functools.wraps(forward)
     def forward_restricted(self: Any, lm_head: Any, hidden_states: torch.Tensor,
                            embedding_bias: torch.Tensor | None = None,
-                           skip_gather: bool = False) -> torch.Tensor | None:
+                           *rest: Any) -> torch.Tensor | None:
+        """`rest`: 0.32's `skip_gather` (0.24 has no such argument)."""
         runner = _RUNNER.get()
         if runner is None or type(self) is not LogitsProcessor or hidden_states.dim() != 2 \
                 or not enabled():
-            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
+            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
         rows, ids = tagged_rows(runner, hidden_states.shape[0], self.org_vocab_size)
         if not rows:
-            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
-        problem = head_problem(self, lm_head, embedding_bias, skip_gather)
+            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
+        problem = head_problem(self, lm_head, embedding_bias, bool(rest and rest[0]))
         if problem is not None:
             _warn_once(problem)
-            return forward(self, lm_head, hidden_states, embedding_bias, skip_gather)
+            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
         return restricted_logits(self, lm_head, hidden_states, embedding_bias, rows, ids,
                                  lambda h: forward(self, lm_head, h, embedding_bias),
                                  configured_scheme(runner.vllm_config))
