@@ -195,3 +195,19 @@ def test_installed_is_not_enabled(plugins, expected):
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == expected
+
+
+def test_serving_flags_that_slow_pcd_are_named():
+    from vllm_pcd.schema import Limits
+    from vllm_pcd.service import profile_advice
+
+    def config(prefix_caching, seqs):
+        return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
+                               scheduler_config=SimpleNamespace(max_num_seqs=seqs))
+
+    assert profile_advice(config(True, 256), Limits()) is None
+    flagos = profile_advice(config(False, 1), Limits())  # FlagOS's release command
+    assert "--no-enable-prefix-caching" in flagos and "--max-num-seqs from 1 to at least 33" in flagos
+    assert profile_advice(config(True, 8), Limits()) == (
+        "raise --max-num-seqs from 8 to at least 33 (a call's branches run together, at most "
+        "max_branches_per_batch at a time, beside its context)")

@@ -86,7 +86,10 @@ def test_each_token_is_computed_once(fp32_llm, tokenizer, reference_model, n_fie
     if KV_FORK and len(plan.scorings()) == len(plan.fields):  # one request per field
         assert result.execution.tokens_computed == shared + plan.branch_tokens
     batches = microbatches(plan.scorings(), Limits().max_branches_per_batch)
-    assert result.execution.backbone_calls == 1 + len(batches)
+    if KV_FORK:
+        assert result.execution.backbone_calls == 1 + len(batches)
+    else:  # each request's recomputed tail can overflow a step's token budget
+        assert result.execution.backbone_calls >= 1 + len(batches)
     # A full forward per request takes minutes on a CPU at 32 fields: check a spread of them.
     assert_scores_match_reference(reference_model, result, spread(len(plan.scorings())))
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
@@ -125,10 +128,11 @@ def test_without_the_fork_the_report_is_plain_prefix_caching(fp32_llm, tokenizer
                              cache_salt="fork-off")
     finally:
         manager.pcd_fork = saved
-    shared = len(result.plan.shared_ids)
+    shared, scorings = len(result.plan.shared_ids), result.plan.scorings()
     assert shared % size
-    redone = len(result.plan.scorings()) * (shared % size)
-    assert result.execution.tokens_computed == own_tokens(result) + redone
+    redone = len(scorings) * (shared % size)
+    once = shared + sum(len(s.suffix_ids) for s in scorings)
+    assert result.execution.tokens_computed == once + redone
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
 
 

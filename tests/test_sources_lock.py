@@ -59,7 +59,7 @@ def test_every_commit_is_40_hex_or_explained(sources):
 
 def test_only_what_is_installed_here_is_marked_tested(sources):
     tested = {name for name, entry in sources.items() if entry["tested_here"]}
-    assert tested == {"vllm", "triton"}
+    assert tested == {"vllm", "vllm-0.24", "triton"}
     for name, entry in sources.items():
         if not entry["tested_here"]:
             assert ARM_NOTE in entry["note"], name
@@ -72,10 +72,10 @@ def test_patch_paths_exist(sources):
 
 
 def test_lock_matches_the_installed_supported_vllm(sources):
-    entry = sources["vllm"]
+    locked = {sources[k]["version"]: sources[k] for k in ("vllm", "vllm-0.24")}
+    assert set(locked) == set(compat.SUPPORTED_VLLM_VERSIONS)
+    entry = locked[compat.vllm_version()]
     assert entry["repository"] == "https://github.com/vllm-project/vllm"
-    assert entry["version"] in compat.SUPPORTED_VLLM_VERSIONS
-    assert entry["version"] == compat.vllm_version()
 
 
 def test_lock_matches_the_installed_triton(sources):

@@ -81,16 +81,17 @@ def head_problem(processor: Any, lm_head: Any, bias: torch.Tensor | None,
 
     if processor.logits_as_input or skip_gather:
         return "the model computes its own logits"
-    if getattr(lm_head, "tp_size", 1) != 1 and (
-            getattr(lm_head, "shard_indices", None) is None
-            or lm_head.shard_indices.num_added_elements):
-        return "the tensor-parallel head has no plain vocabulary shards"
+    rows = processor.org_vocab_size  # the head rows this rank must hold
+    if getattr(lm_head, "tp_size", 1) != 1:
+        shard = getattr(lm_head, "shard_indices", None)
+        if shard is None or shard.num_added_elements:
+            return "the tensor-parallel head has no plain vocabulary shards"
+        rows = shard.org_vocab_end_index - shard.org_vocab_start_index
     method = getattr(lm_head, "quant_method", None)
     if not isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
         return f"the head is quantized ({type(method).__name__})"
     weight = getattr(lm_head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 \
-            or weight.shape[0] < processor.org_vocab_size:
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < rows:
         return "the head has no dense [vocab, hidden] weight"
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         return f"the logits bias is {tuple(bias.shape)}, not one value per head row"
