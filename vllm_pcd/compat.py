@@ -30,22 +30,15 @@ def check_vllm_version() -> str:
     return version
 
 
-def require_callables(module: object, *names: str, patch: str) -> None:
-    """A patch's module-level targets must exist as written for."""
-    missing = [n for n in names if not callable(getattr(module, n, None))]
+def require_methods(target: object, *names: str, patch: str) -> None:
+    """A patch's targets (methods of a class, or functions of a module) must exist as written
+    for: refuse loudly instead of degrading."""
+    missing = [n for n in names if not callable(getattr(target, n, None))]
     if missing:
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", target)
         raise UnsupportedVLLMVersion(
-            f"vllm-pcd {patch}: {getattr(module, '__name__', module)} lacks {missing}; this "
-            "vLLM is not the one the patch was written for")
-
-
-def require_methods(cls: type, *names: str, patch: str) -> None:
-    """A patch's targets must exist as written for: refuse loudly instead of degrading."""
-    missing = [n for n in names if not callable(getattr(cls, n, None))]
-    if missing:
-        raise UnsupportedVLLMVersion(
-            f"vllm-pcd {patch}: {cls.__qualname__} lacks {missing}; this vLLM is not the one "
-            "the patch was written for")
+            f"vllm-pcd {patch}: {name} lacks {missing}; this vLLM is not the one the patch "
+            "was written for")
 
 
 def main(argv: list[str]) -> int:

@@ -16,10 +16,10 @@ def apply() -> None:
     module = sys.modules.get(API_SERVER)
     if module is None:
         return
-    from vllm_pcd.compat import require_callables
+    from vllm_pcd.compat import require_methods
     from vllm_pcd.server import PCDEndpointPlugin
 
-    require_callables(module, "build_app", "init_app_state", patch="app_v024")
+    require_methods(module, "build_app", "init_app_state", patch="app_v024")
     plugin = PCDEndpointPlugin()
     build_app, init_app_state = module.build_app, module.init_app_state
 
