@@ -211,3 +211,15 @@ def test_serving_flags_that_slow_pcd_are_named():
     assert profile_advice(config(True, 8), Limits()) == (
         "raise --max-num-seqs from 8 to at least 33 (a call's branches run together, at most "
         "max_branches_per_batch at a time, beside its context)")
+
+
+def test_logit_modes_switch_pcd_off_with_their_reason():
+    from vllm_pcd.service import off_reason
+
+    def config(mode):
+        return SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))
+
+    assert off_reason(config("raw_logprobs")) is None
+    assert off_reason(config("processed_logprobs")) is None
+    for mode in ("raw_logits", "processed_logits"):
+        assert f"--logprobs-mode {mode}" in off_reason(config(mode))

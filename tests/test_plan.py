@@ -73,6 +73,45 @@ def test_prompt_token_limit(tokenizer):
                [{"role": "user", "content": "word " * 5000}], Limits(max_prompt_tokens=8000))
 
 
+def test_engine_requests_of_one_call_are_bounded(tokenizer):
+    """32 enum fields of 8 multi-token values in sequence mode: one engine request per trie
+    node, far more than 32 branches; refused with the count before any engine work."""
+    wide = {"type": "object", "additionalProperties": False,
+            "properties": {f"f{i}": {"enum": [f"option {i}-{j}" for j in range(8)]}
+                           for i in range(32)}}
+    wide["required"] = list(wide["properties"])
+    plan = build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                      mode="sequence")
+    needed = 1 + len(plan.scorings())
+    assert needed > 32 * 8
+    with pytest.raises(SchemaError) as info:
+        build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                   Limits(max_engine_requests=needed - 1), mode="sequence")
+    assert info.value.rule == "max_engine_requests" and str(needed) in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,rule", [
+    ({"tokenize": True}, "reserved_template_kwarg"),
+    ({"chat_template": "{{ x }}"}, "reserved_template_kwarg"),
+    ({"add_generation_prompt": False}, "reserved_template_kwarg"),
+    ({"conversation": []}, "reserved_template_kwarg"),
+    ({"enable_thinking": True}, "reserved_template_kwarg"),
+])
+def test_template_kwargs_that_collide_with_pcds_are_refused(tokenizer, kwargs, rule):
+    with pytest.raises(SchemaError) as info:
+        build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA),
+                   [{"role": "user", "content": MESSAGE}], template_kwargs=kwargs)
+    assert info.value.rule == rule
+
+
+def test_a_template_that_fails_on_the_request_is_the_requests_fault(tokenizer):
+    with pytest.raises(SchemaError) as info:
+        build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA),
+                   [{"role": "user", "content": MESSAGE}],
+                   chat_template="{{ raise_exception('no such role') }}")
+    assert info.value.rule == "chat_template" and "no such role" in str(info.value)
+
+
 def test_instruction_joins_the_last_user_turn_or_adds_one():
     assert with_instruction([{"role": "user", "content": "hi"}], "Q")[-1]["content"] == "hi\n\nQ"
     msgs = with_instruction([{"role": "user", "content": "hi"},

@@ -185,6 +185,9 @@ def test_the_route_honours_the_api_key(pcd_server, model):
 
 
 def test_metrics_count_pcd_requests(http, model):
+    restricted = 'pcd_restricted_head_requests_total{outcome="restricted"}'
+    fallbacks = 'pcd_restricted_head_requests_total{outcome="fallback"}'
+    restricted_before, fallbacks_before = metric(http, restricted), metric(http, fallbacks)
     ok_before = metric(http, 'pcd_requests_total{mode="token",outcome="ok"}')
     rejected_before = metric(http, 'pcd_requests_total{mode="token",outcome="rejected"}')
     assert post(http, model, {"pcd_schema": BASE}).status_code == 200
@@ -193,3 +196,6 @@ def test_metrics_count_pcd_requests(http, model):
     assert "pcd_request_latency_seconds_bucket" in text and "pcd_tokens_computed_total" in text
     assert metric(http, 'pcd_requests_total{mode="token",outcome="ok"}') == ok_before + 1
     assert metric(http, 'pcd_requests_total{mode="token",outcome="rejected"}') == rejected_before + 1
+    # BASE's enum field is one restricted request, measured from the engine's outputs.
+    assert metric(http, restricted) == restricted_before + 1
+    assert metric(http, fallbacks) == fallbacks_before

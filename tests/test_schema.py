@@ -84,6 +84,14 @@ def test_enum_without_type_is_accepted():
     (with_field("e", "boolean"), "field_type"),
     (with_field("", {"type": "boolean"}), "field_name"),
     (with_field("x" * 65, {"type": "boolean"}), "field_name"),
+    # Accepted before as if the keyword were absent; each is invalid JSON Schema.
+    (with_field("e", {"type": None, "enum": ["a", "b"]}), "json_schema"),
+    (with_field("e", {"type": "boolean", "title": 5}), "json_schema"),
+    (with_field("e", {"type": "boolean", "examples": "yes"}), "json_schema"),
+    (with_field("e", {"type": "boolean", "$comment": ["x"]}), "json_schema"),
+    (schema(**{"$schema": 7}), "json_schema"),
+    (schema(title={"x": 1}), "json_schema"),
+    (schema(description=3), "json_schema"),
 ])
 def test_invalid_schemas_are_rejected_with_their_rule(raw, rule):
     with pytest.raises(SchemaError) as info:
