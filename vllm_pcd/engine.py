@@ -37,6 +37,7 @@ class RequestReport:
     cached_tokens: int
     step_ts: float | None  # engine-core timestamp of the step that produced its token
     logprobs: dict[int, float]
+    asked_restricted: bool = False  # it asked for the restricted LM head (and the probe)
     restricted: bool = False  # the worker projected its LM head onto the allowed ids only
 
     @property
@@ -89,6 +90,7 @@ def _report(output: Any, wanted: Sequence[int] = (), probe: int | None = None) -
         cached_tokens=output.num_cached_tokens or 0,
         step_ts=getattr(metrics, "first_token_ts", None) if metrics is not None else None,
         logprobs=logprobs,
+        asked_restricted=probe is not None,
         restricted=restricted,
     )
 

@@ -16,7 +16,7 @@ from vllm.logger import init_logger
 
 from vllm_pcd import internals
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
-from vllm_pcd.engine import Execution, restrictable, run_offline, run_online
+from vllm_pcd.engine import Execution, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.plan import DEFAULT_FORMULATION, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
@@ -47,7 +47,7 @@ class PCDResult:
         and, when any, the route it serves them with; `fallbacks` counts the requests that
         asked for the restricted head and got the full one."""
         measured = sum(b.restricted for b in self.execution.branches)
-        asked = sum(restrictable(self.plan))
+        asked = sum(b.asked_restricted for b in self.execution.branches)
         return {"route": self.projection_route if measured else None,
                 "restricted_requests": measured, "fallbacks": asked - measured}
 

@@ -29,6 +29,8 @@ from vllm_pcd.compat import require_methods
 from vllm_pcd.internals.intake import tags_of
 
 ENV = "PCD_FORK"
+NO_PARTIAL_HITS = ("vLLM 0.24 shares only full KV blocks (no partial-hit copy-on-write): each "
+                   "branch recomputes the context's partially filled last block")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ def off_reason(scheduler: Any) -> str | None:
     from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
+    from vllm_pcd.compat import vllm_version
+
+    if vllm_version() == "0.24.0":
+        return NO_PARTIAL_HITS
     manager = scheduler.kv_cache_manager
     coordinator = manager.coordinator
     if os.environ.get(ENV, "1") == "0":
@@ -134,34 +140,32 @@ def _leave_tail(manager: Any, request: Any) -> None:
                                                   blocks[n // fork.block_size], num_tokens=n)
 
 
-NO_PARTIAL_HITS = ("vLLM 0.24 shares only full KV blocks (no partial-hit copy-on-write): each "
-                   "branch recomputes the context's partially filled last block")
-
 
 def apply() -> None:
-    from vllm_pcd.compat import vllm_version
-
-    if vllm_version() == "0.24.0":
-        _apply_off(NO_PARTIAL_HITS)
-        return
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    require_methods(Scheduler, "__init__", patch="fork")
-    require_methods(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
-                    "create_kv_cache_blocks", "prefix_cache_lookup_enabled", patch="fork")
-    require_methods(BlockPool, "get_cached_block", "_insert_block_hash", patch="fork")
+    from vllm_pcd.compat import vllm_version
 
+    require_methods(Scheduler, "__init__", patch="fork")
     init = Scheduler.__init__
-    lookup = KVCacheManager.get_computed_blocks
-    free = KVCacheManager.free
-    pop_for_free = KVCacheManager.pop_blocks_for_free
 
     @functools.wraps(init)
     def init_with_fork(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         _install(self)
+
+    Scheduler.__init__ = init_with_fork
+    if vllm_version() == "0.24.0":  # the fork is off there (off_reason): nothing else to patch
+        return
+    require_methods(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
+                    "create_kv_cache_blocks", "prefix_cache_lookup_enabled", patch="fork")
+    require_methods(BlockPool, "get_cached_block", "_insert_block_hash", patch="fork")
+
+    lookup = KVCacheManager.get_computed_blocks
+    free = KVCacheManager.free
+    pop_for_free = KVCacheManager.pop_blocks_for_free
 
     @functools.wraps(lookup)
     def lookup_with_fork(self: Any, request: Any) -> tuple[Any, int, int]:
@@ -179,24 +183,7 @@ def apply() -> None:
         _leave_tail(self, request)
         return pop_for_free(self, request)
 
-    Scheduler.__init__ = init_with_fork
     KVCacheManager.get_computed_blocks = lookup_with_fork
     KVCacheManager.free = free_with_fork
     KVCacheManager.pop_blocks_for_free = pop_for_free_with_fork
 
-
-def _apply_off(reason: str) -> None:
-    """Plain prefix caching, said once per engine when its scheduler starts."""
-    from vllm.logger import init_logger
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    require_methods(Scheduler, "__init__", patch="fork")
-    init = Scheduler.__init__
-
-    @functools.wraps(init)
-    def init_without_fork(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        self.kv_cache_manager.pcd_fork = None
-        init_logger("vllm.pcd.fork").info("PCD KV fork off (%s): plain prefix caching", reason)
-
-    Scheduler.__init__ = init_without_fork
