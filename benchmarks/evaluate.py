@@ -1,15 +1,22 @@
-"""Answer quality of PCD token, PCD sequence and AR JSON on labelled cases, one server.
+"""Answer quality of PCD and AR JSON on labelled cases, every method on one server.
 
-    python -m benchmarks.evaluate [--data ../shared/eval/dev.jsonl] [--limit N] [--url URL]
+    python -m benchmarks.evaluate [--data dev bigbench:fact_checker/fever rotten_tomatoes …]
+                                  [--limit N] [--model PATH] [--url URL]
 
-A case is one JSON line: id, message, schema, expected (tags are ignored). Every method gets
-the same conversation (the message as one user turn) and the same fields; a method that
-fails on a case answers nothing there, which counts against its accuracies.
+Each `--data` source (see `benchmarks.public_data`) is one task: fetched at run time, sampled
+with a fixed seed, reported on its own and pooled with the others. Every method gets the
+same conversation (the message as one user turn) and the same fields; a method that fails on
+a case answers nothing there, which counts against its accuracies. Differences against AR
+JSON come with a 95% paired bootstrap interval; PCD's returned probabilities get an expected
+calibration error and a reliability diagram (PNG). `pcd_token_cf` is PCD token mode with
+content-free calibration, measured here: the same schema asked once of an empty document
+("N/A"), its option probabilities divided out of every document's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -18,28 +25,38 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks import public_data
 from benchmarks.methods import (METHODS, Client, Outcome, load_tokenizer, make_task, provenance,
                                 run_method, run_on_server)
-from benchmarks.metrics import (Case, exact_accuracy, field_accuracy, first_option_share, median,
-                                p90, true_share, valid_rate)
+from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_calibration_error,
+                                field_accuracy, first_option_share, median, p90,
+                                paired_bootstrap, reliability, true_share, valid_rate)
+from vllm_pcd.assemble import log_softmax
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "eval" / "dev.jsonl"
-DEFAULT_METHODS = ["pcd_token", "pcd_sequence", "pcd_token_codes", "ar_json"]
+DEFAULT_DATA = public_data.DEV
+DEFAULT_METHODS = ["pcd_token", "pcd_token_json_next", "pcd_sequence", "ar_json"]
+BASELINE = "ar_json"
+CALIBRATED = "pcd_token_cf"
+CONTENT_FREE = "N/A"
 
 
 def load_cases(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return cases[:limit] if limit else cases
+    """The first `limit` cases of a JSON-lines file."""
+    return public_data.jsonl(path)[:limit] if limit else public_data.jsonl(path)
+
+
+def scored(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> list[Case]:
+    return [Case(c["schema"], c["expected"], o.object if o.ok else None)
+            for c, o in zip(cases, outcomes)]
 
 
 def method_report(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[str, Any]:
     failed = [o.status for o in outcomes if not o.ok]
     if failed and all(s.startswith("unsupported") for s in failed) and len(failed) == len(outcomes):
         return {"status": failed[0]}
-    scored = [Case(c["schema"], c["expected"], o.object if o.ok else None)
-              for c, o in zip(cases, outcomes)]
+    answers = scored(cases, outcomes)
     good = [o for o in outcomes if o.ok]
+    points = confidences(answers, [o.extra.get("scores") for o in outcomes])
 
     def middle(values: list[Any]) -> float | None:
         return None if not values or None in values else median(values)
@@ -47,13 +64,15 @@ def method_report(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[
     return {
         "status": "ok" if not failed else f"{len(failed)} failed, e.g. {failed[0]}",
         "cases": len(outcomes),
-        "field_accuracy": field_accuracy(scored),
-        "boolean_accuracy": field_accuracy(scored, "boolean"),
-        "enum_accuracy": field_accuracy(scored, "enum"),
-        "exact_accuracy": exact_accuracy(scored),
-        "schema_valid_rate": valid_rate(scored),
-        "true_share": true_share(scored),
-        "first_option_share": first_option_share(scored),
+        "field_accuracy": field_accuracy(answers),
+        "boolean_accuracy": field_accuracy(answers, "boolean"),
+        "enum_accuracy": field_accuracy(answers, "enum"),
+        "exact_accuracy": exact_accuracy(answers),
+        "schema_valid_rate": valid_rate(answers),
+        "true_share": true_share(answers),
+        "first_option_share": first_option_share(answers),
+        "ece": expected_calibration_error(points),
+        "reliability": reliability(points),
         "median_s": median([o.latency_s for o in good]),
         "p90_s": p90([o.latency_s for o in good]),
         "tokens_computed": middle([o.tokens_computed for o in good]),
@@ -61,91 +80,182 @@ def method_report(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[
     }
 
 
-def disagreements(cases: list[dict[str, Any]], runs: dict[str, list[Outcome]]
-                  ) -> list[dict[str, Any]]:
-    """Every (case, field) where the methods that answered did not all answer the same."""
-    rows = []
-    for i, case in enumerate(cases):
-        answered = {m: o[i].object for m, o in runs.items() if o[i].ok and o[i].object}
-        for name in case["schema"]["properties"]:
-            values = {m: obj.get(name) for m, obj in answered.items()}
-            if len({json.dumps(v) for v in values.values()}) > 1:
-                rows.append({"id": case["id"], "field": name, "expected": case["expected"][name],
-                             "values": values})
-    return rows
+def against_baseline(cases: list[dict[str, Any]], runs: dict[str, list[Outcome]]
+                     ) -> dict[str, Any]:
+    """Every method minus AR JSON on the same cases: field and exact accuracy, paired."""
+    if BASELINE not in runs:
+        return {}
+    base = scored(cases, runs[BASELINE])
+    return {m: {"field": paired_bootstrap(scored(cases, o), base),
+                "exact": paired_bootstrap(scored(cases, o), base, exact=True)}
+            for m, o in runs.items() if m != BASELINE and any(x.ok for x in o)}
+
+
+def task_report(cases: list[dict[str, Any]], runs: dict[str, list[Outcome]]) -> dict[str, Any]:
+    gold = [Case(c["schema"], c["expected"], c["expected"]) for c in cases]
+    return {"cases": len(cases),
+            "gold": {"true_share": true_share(gold, gold=True),
+                     "first_option_share": first_option_share(gold, gold=True)},
+            "methods": {m: method_report(cases, o) for m, o in runs.items()},
+            "against_" + BASELINE: against_baseline(cases, runs)}
+
+
+def calibrate(scores: dict[str, list[float]], empty: dict[str, list[float]]
+              ) -> dict[str, list[float]]:
+    return {name: log_softmax([s - e for s, e in zip(values, empty[name])])
+            for name, values in scores.items()}
+
+
+def best(case: dict[str, Any], scores: dict[str, list[float]]) -> dict[str, Any]:
+    out = {}
+    for name, spec in case["schema"]["properties"].items():
+        options = [True, False] if spec.get("type") == "boolean" else spec["enum"]
+        out[name] = options[max(range(len(options)), key=scores[name].__getitem__)]
+    return out
+
+
+async def content_free(client: Client, tokenizer: Any, cases: list[dict[str, Any]],
+                       outcomes: list[Outcome]) -> tuple[list[Outcome], int]:
+    """PCD token answers recalibrated by one content-free call per distinct schema (cached:
+    one call per task where the schema is fixed, one per case where options vary)."""
+    empty: dict[str, Outcome] = {}
+    out = []
+    for case, outcome in zip(cases, outcomes):
+        key = json.dumps(case["schema"], sort_keys=True)
+        if key not in empty:
+            empty[key] = await run_method("pcd_token", client, make_task(
+                tokenizer, case["schema"], [{"role": "user", "content": CONTENT_FREE}]))
+        if not (outcome.ok and empty[key].ok):
+            out.append(Outcome(outcome.status if not outcome.ok else empty[key].status))
+            continue
+        scores = calibrate(outcome.extra["scores"], empty[key].extra["scores"])
+        out.append(Outcome("ok", best(case, scores), outcome.latency_s, outcome.tokens_computed,
+                           outcome.backbone_calls, {"scores": scores}))
+    return out, len(empty)
+
+
+async def evaluate_task(client: Client, tokenizer: Any, source: str, cases: list[dict[str, Any]],
+                        methods: list[str], concurrency: int = 1) -> dict[str, list[Outcome]]:
+    """Each case's methods run one after another; up to `concurrency` cases at once (latencies
+    are then measured under that load)."""
+    gate = asyncio.Semaphore(concurrency)
+    progress = tqdm(total=len(cases), desc=source, unit="case", file=sys.stderr)
+
+    async def one(case: dict[str, Any]) -> dict[str, Outcome]:
+        async with gate:
+            task = make_task(tokenizer, case["schema"],
+                             [{"role": "user", "content": case["message"]}])
+            out = {name: await run_method(name, client, task) for name in methods}
+            progress.update()
+            return out
+
+    try:
+        answered = await asyncio.gather(*(one(case) for case in cases))
+    finally:
+        progress.close()
+    return {name: [out[name] for out in answered] for name in methods}
 
 
 async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
     code = provenance()
     tokenizer = load_tokenizer(args.model)
-    cases = load_cases(args.data, args.limit)
     client = await Client(url).connect()
-    runs: dict[str, list[Outcome]] = {m: [] for m in args.methods}
+    tasks, pooled_cases, pooled = {}, [], {}
     try:
-        for case in tqdm(cases, desc="evaluate", unit="case", file=sys.stderr):
-            task = make_task(tokenizer, case["schema"],
-                             [{"role": "user", "content": case["message"]}])
-            for name in args.methods:
-                earlier = runs[name][:1]
-                if earlier and earlier[0].status.startswith("unsupported"):
-                    runs[name].append(earlier[0])  # the server will not change its mind
-                else:
-                    runs[name].append(await run_method(name, client, task))
+        for source in args.data:
+            cases = public_data.load(source, args.limit)
+            runs = await evaluate_task(client, tokenizer, source, cases, args.methods,
+                                       args.concurrency)
+            calls = 0
+            if "pcd_token" in runs:
+                runs[CALIBRATED], calls = await content_free(client, tokenizer, cases,
+                                                             runs["pcd_token"])
+            tasks[source] = {**task_report(cases, runs), "content_free_calls": calls,
+                             "answers": {m: {c["id"]: o.object if o.ok else o.status
+                                             for c, o in zip(cases, out)}
+                                         for m, out in runs.items()}}
+            pooled_cases += cases
+            for m, out in runs.items():
+                pooled.setdefault(m, []).extend(out)
     finally:
         await client.close()
-    gold = [Case(c["schema"], c["expected"], c["expected"]) for c in cases]
-    return {
-        "serving": serving,
-        "model": str(args.model),
-        "data": str(args.data),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "code": code,
-        "cases": len(cases),
-        "gold": {"true_share": true_share(gold, gold=True),
-                 "first_option_share": first_option_share(gold, gold=True)},
-        "methods": {m: method_report(cases, o) for m, o in runs.items()},
-        "disagreements": disagreements(cases, runs),
-        "answers": {m: {c["id"]: (o.object if o.ok else o.status) for c, o in zip(cases, out)}
-                    for m, out in runs.items()},
-    }
+    return {"serving": serving, "model": str(args.model), "data": args.data, "limit": args.limit,
+            "concurrency": args.concurrency,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code, "tasks": tasks,
+            "overall": task_report(pooled_cases, pooled)}
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def _num(value: float | None, fmt: str = "g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-COLUMNS = [("field", "field_accuracy"), ("bool", "boolean_accuracy"), ("enum", "enum_accuracy"),
-           ("exact", "exact_accuracy"), ("valid", "schema_valid_rate"), ("true", "true_share"),
-           ("first", "first_option_share")]
+def _interval(row: dict[str, float] | None) -> str:
+    if row is None:
+        return "-"
+    return (f"{100 * row['difference']:+.1f} [{100 * row['low']:+.1f}, "
+            f"{100 * row['high']:+.1f}]")
+
+
+COLUMNS = ["method", "field", "bool", "enum", "exact", "Δfield vs AR [95%]",
+           "Δexact vs AR [95%]", "true", "first", "ECE", "med s", "tokens", "calls"]
+
+
+def task_rows(name: str, report: dict[str, Any]) -> list[str]:
+    """Markdown rows of one task (accuracies and shares in %, gold shares on their own row)."""
+    deltas = report["against_" + BASELINE]
+    rows = []
+    for method, rep in report["methods"].items():
+        if "field_accuracy" not in rep:
+            rows.append(f"| {name} | {report['cases']} | {method} | {rep['status']} |")
+            continue
+        delta = deltas.get(method, {})
+        cells = [method, _pct(rep["field_accuracy"]), _pct(rep["boolean_accuracy"]),
+                 _pct(rep["enum_accuracy"]), _pct(rep["exact_accuracy"]),
+                 _interval(delta.get("field")), _interval(delta.get("exact")),
+                 _pct(rep["true_share"]), _pct(rep["first_option_share"]),
+                 _num(rep["ece"], ".3f"), _num(rep["median_s"], ".3f"),
+                 _num(rep["tokens_computed"]), _num(rep["backbone_calls"])]
+        rows.append(f"| {name} | {report['cases']} | " + " | ".join(cells) + " |")
+    gold = report["gold"]
+    rows.append(f"| {name} | {report['cases']} | gold | | | | | | | "
+                f"{_pct(gold['true_share'])} | {_pct(gold['first_option_share'])} | | | | |")
+    return rows
 
 
 def table(results: dict[str, Any]) -> str:
-    head = f"{'method':<13}" + "".join(f"{c:>8}" for c, _ in COLUMNS) + \
-        f"{'med_s':>8}{'p90_s':>8}{'tokens':>8}{'calls':>6}"
-    lines = [f"{results['cases']} cases, {results['model']}", head]
-    for name, rep in results["methods"].items():
-        if "field_accuracy" not in rep:
-            lines.append(f"{name:<13}{rep['status']}")
-            continue
-        lines.append(f"{name:<13}" + "".join(f"{_pct(rep[k]):>8}" for _, k in COLUMNS)
-                     + f"{_num(rep['median_s'], '.3f'):>8}{_num(rep['p90_s'], '.3f'):>8}"
-                     + f"{_num(rep['tokens_computed']):>8}{_num(rep['backbone_calls']):>6}")
-    gold = results["gold"]
-    lines.append(f"{'gold':<13}" + " " * 40 + f"{_pct(gold['true_share']):>8}"
-                 f"{_pct(gold['first_option_share']):>8}")
-    lines += [f"{name}: {rep['status']}" for name, rep in results["methods"].items()
-              if rep["status"] != "ok" and "field_accuracy" in rep]
-    rows = results["disagreements"]
-    lines.append(f"\n{len(rows)} disagreements (case, field, gold: values per method)")
-    for row in rows:
-        values = ", ".join(f"{m}={json.dumps(v)}" for m, v in row["values"].items())
-        lines.append(f"  {row['id']} {row['field']} gold={json.dumps(row['expected'])}: {values}")
-    lines.append(results["serving"])
+    lines = [f"{results['model']}; {results['serving']}", "",
+             "| task | cases | " + " | ".join(COLUMNS) + " |",
+             "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, report in results["tasks"].items():
+        lines += task_rows(name, report)
+    lines += task_rows("**all**", results["overall"])
     return "\n".join(lines)
+
+
+def plot_reliability(results: dict[str, Any], path: Path) -> None:
+    """Accuracy against returned probability, per PCD method, all tasks pooled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    for method, rep in results["overall"]["methods"].items():
+        if rep.get("reliability"):
+            bins = rep["reliability"]
+            ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o",
+                    label=f"{method} (ECE {rep['ece']:.3f})")
+    ax.set(xlabel="probability of the returned value", ylabel="share correct", xlim=(0, 1),
+           ylim=(0, 1), title=f"{Path(results['model']).name}: {results['overall']['cases']} cases")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -153,12 +263,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", nargs="+", default=["dev"],
+                        help="sources: dev, bigbench:<task>, rotten_tomatoes, bbc, "
+                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, or a .jsonl path")
     parser.add_argument("--model", default=str(default_model_path()),
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
-    parser.add_argument("--limit", type=int, help="only the first N cases")
+    parser.add_argument("--limit", type=int, help="N cases per source, drawn with a fixed seed")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="cases in flight at once (accuracy is the same; latency is not)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results"
                         / "eval.json")
     return parser.parse_args(argv)
@@ -168,8 +282,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results = run_on_server(args, run)
     args.out.write_text(json.dumps(results, indent=2))
+    plot_reliability(results, args.out.with_suffix(".reliability.png"))
     print(table(results))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {args.out.with_suffix('.reliability.png')}")
     return results
 
 

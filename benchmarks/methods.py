@@ -22,7 +22,8 @@ from typing import Any, Awaitable, Callable, Iterator
 import openai
 
 from vllm_pcd.models import fast_dtype
-from vllm_pcd.plan import FieldPlan, Plan, build_plan, instruction_text, with_instruction
+from vllm_pcd.plan import (JSON_HEADER, FieldPlan, Plan, build_plan, instruction_text,
+                           with_instruction)
 from vllm_pcd.schema import SchemaSpec, parse_schema
 from vllm_pcd.sequence import node_lookup
 
@@ -33,8 +34,6 @@ STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
                "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
 
-AR_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
-             "fields below, each set to one of the values listed for it.")
 
 
 class Unsupported(Exception):
@@ -122,9 +121,11 @@ async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
             raise
         raise Unsupported(_error_text(err)) from err
     diag = resp.model_extra["pcd"]
+    scores = {name: [c["score"] for c in f["candidates"]] for name, f in diag["fields"].items()}
     return Outcome("ok", json.loads(resp.choices[0].message.content),
                    tokens_computed=diag["tokens"]["computed"],
-                   backbone_calls=diag["backbone_calls"], extra={"tokens": diag["tokens"]})
+                   backbone_calls=diag["backbone_calls"],
+                   extra={"tokens": diag["tokens"], "scores": scores})
 
 
 async def pcd_sequence(client: Client, task: Task, salt: str) -> Outcome:
@@ -136,10 +137,20 @@ async def pcd_token_codes(client: Client, task: Task, salt: str) -> Outcome:
     return await pcd(client, task, salt, formulation="codes")
 
 
+async def pcd_token_json_next(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, every value whole and then the character that follows it in the object."""
+    return await pcd(client, task, salt, formulation="json_next")
+
+
+async def pcd_token_json_prefix(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, every value up to its unique prefix (booleans: their first token)."""
+    return await pcd(client, task, salt, formulation="json_prefix")
+
+
 def ar_instruction(spec: SchemaSpec) -> str:
     """PCD's own field list, values written as JSON, under a header asking for an object."""
     lines = instruction_text([(f, None) for f in spec.fields]).splitlines()
-    return "\n".join([AR_HEADER, *lines[1:]])
+    return "\n".join([JSON_HEADER, *lines[1:]])
 
 
 def ar_max_tokens(task: Task) -> int:
@@ -260,13 +271,15 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token": pcd,
     "pcd_sequence": pcd_sequence,
     "pcd_token_codes": pcd_token_codes,
+    "pcd_token_json_next": pcd_token_json_next,
+    "pcd_token_json_prefix": pcd_token_json_prefix,
     "ar_json": ar_json,
     "per_field": per_field,
     "systemone": systemone,
     "floor": floor,
 }
-ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "ar_json", "per_field",
-             "systemone")
+ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
+             "pcd_token_json_prefix", "ar_json", "per_field", "systemone")
 
 
 async def run_method(name: str, client: Client, task: Task) -> Outcome:

@@ -9,6 +9,7 @@ what a method answers when it answers.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, NamedTuple, Sequence
 
 
@@ -110,3 +111,67 @@ def median(values: Sequence[float]) -> float | None:
 
 def p90(values: Sequence[float]) -> float | None:
     return percentile(values, 90)
+
+
+def case_hits(case: Case) -> tuple[int, int]:
+    """(fields right, fields) of one case."""
+    hits = field_hits([case])
+    return sum(hits), len(hits)
+
+
+def paired_bootstrap(a: Sequence[Case], b: Sequence[Case], *, exact: bool = False,
+                     rounds: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Field (or exact-object) accuracy of `a` minus `b` on the same cases, with a 95%
+    percentile interval from resampling cases (fields of one case stay together)."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired cases are needed")
+    pairs = [((all(field_hits([x])), 1), (all(field_hits([y])), 1)) if exact
+             else (case_hits(x), case_hits(y)) for x, y in zip(a, b)]
+
+    def diff(sample: Sequence[tuple[tuple[int, int], tuple[int, int]]]) -> float:
+        fields = sum(p[0][1] for p in sample)
+        return (sum(p[0][0] for p in sample) - sum(p[1][0] for p in sample)) / fields
+
+    rng = random.Random(seed)
+    draws = sorted(diff([rng.choice(pairs) for _ in pairs]) for _ in range(rounds))
+    return {"difference": diff(pairs), "low": percentile(draws, 2.5),
+            "high": percentile(draws, 97.5)}
+
+
+def confidences(cases: Sequence[Case], scores: Sequence[dict[str, list[float]] | None]
+                ) -> list[tuple[float, bool]]:
+    """(probability of the answer given, was it right) per field, from per-option
+    log-probabilities in schema order (booleans: true, false)."""
+    out = []
+    for case, per_field in zip(cases, scores):
+        if not per_field or not isinstance(case.predicted, dict):
+            continue
+        for name, spec in case.schema["properties"].items():
+            options = [True, False] if field_kind(spec) == "boolean" else spec["enum"]
+            best = max(range(len(options)), key=per_field[name].__getitem__)
+            out.append((math.exp(per_field[name][best]),
+                        _same(case.expected[name], options[best])))
+    return out
+
+
+def reliability(points: Sequence[tuple[float, bool]], bins: int = 10
+                ) -> list[dict[str, float]]:
+    """Equal-width confidence bins: count, mean confidence and accuracy of each non-empty one."""
+    rows = []
+    for k in range(bins):
+        low, high = k / bins, (k + 1) / bins
+        inside = [(p, ok) for p, ok in points if low <= p < high or (k == bins - 1 and p == 1)]
+        if inside:
+            rows.append({"low": low, "high": high, "count": len(inside),
+                         "confidence": sum(p for p, _ in inside) / len(inside),
+                         "accuracy": sum(ok for _, ok in inside) / len(inside)})
+    return rows
+
+
+def expected_calibration_error(points: Sequence[tuple[float, bool]], bins: int = 10
+                               ) -> float | None:
+    """Count-weighted gap between confidence and accuracy over the reliability bins."""
+    if not points:
+        return None
+    return sum(r["count"] * abs(r["confidence"] - r["accuracy"])
+               for r in reliability(points, bins)) / len(points)

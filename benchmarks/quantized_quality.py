@@ -32,7 +32,7 @@ from benchmarks.methods import _field_scores, load_tokenizer, provenance  # noqa
 from benchmarks.metrics import median  # noqa: E402
 from kernels import project  # noqa: E402
 from vllm_pcd.assemble import FieldResult, field_result  # noqa: E402
-from vllm_pcd.plan import FORMULATIONS, Plan, build_plan  # noqa: E402
+from vllm_pcd.plan import DEFAULT_FORMULATION, Plan, build_plan  # noqa: E402
 from vllm_pcd.schema import parse_schema  # noqa: E402
 
 # label -> (kernels route, dtype of the head it projects)
@@ -131,7 +131,7 @@ def compare(reference: list[FieldResult], other: list[FieldResult], where: list[
 
 def measure(model: Any, tokenizer: Any, cases: list[dict[str, Any]],
             routes: dict[str, tuple[str, torch.dtype]] = ROUTES,
-            formulations: tuple[str, ...] = FORMULATIONS, progress: bool = False
+            formulations: tuple[str, ...] = (DEFAULT_FORMULATION, "codes"), progress: bool = False
             ) -> dict[str, Any]:
     """The report: per formulation, each runnable route against `torch/fp32`."""
     weight = model.lm_head.weight.detach()

@@ -33,9 +33,14 @@ def test_serialized_candidates_end_with_a_newline():
     assert serialize("Español") == ' "Español"\n'
 
 
+def standalone(tokenizer):
+    """Continuations tokenized as texts of their own (the context is empty)."""
+    return lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
 def test_trie_scores_each_shared_token_once(tokenizer):
     field = FieldSpec("payment_method", "enum", ("credit_card", "credit_transfer", "paypal"))
-    plan = build_sequence_field(tokenizer, field, "payment_method:")
+    plan = build_sequence_field(standalone(tokenizer), field, "payment_method:")
     for seq, start in zip(plan.candidates, plan.score_from):
         assert tokenizer.decode(list(seq[start:])) == serialize(field.options[plan.candidates.index(seq)])
     edges = {(n.prefix, c) for n in plan.nodes for c in n.children}
@@ -50,7 +55,7 @@ def test_trie_scores_each_shared_token_once(tokenizer):
 
 def test_candidates_are_tokenized_with_their_stem(tokenizer):
     field = FieldSpec("x", "enum", ("a", "b"))
-    plan = build_sequence_field(tokenizer, field, "x:")
+    plan = build_sequence_field(standalone(tokenizer), field, "x:")
     for option, seq in zip(field.options, plan.candidates):
         assert list(seq) == tokenizer.encode("x:" + serialize(option), add_special_tokens=False)
 

