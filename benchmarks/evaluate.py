@@ -6,11 +6,11 @@
 Each `--data` source (see `benchmarks.public_data`) is one task: fetched at run time, sampled
 with a fixed seed, reported on its own and pooled with the others. Every method gets the
 same conversation (the message as one user turn) and the same fields; a method that fails on
-a case answers nothing there, which counts against its accuracies. Differences against AR
+a case answers nothing there, which counts against its accuracies. The pooled row leaves out
+`dev`, the set the formulations were tuned on. Differences against AR
 JSON come with a 95% paired bootstrap interval; PCD's returned probabilities get an expected
 calibration error and a reliability diagram (PNG). `pcd_token_cf` is PCD token mode with
-content-free calibration, measured here: the same schema asked once of an empty document
-("N/A"), its option probabilities divided out of every document's.
+content-free calibration (`pcd_calibration: "content_free"`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from benchmarks.methods import (METHODS, Client, Outcome, load_tokenizer, make_t
 from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_calibration_error,
                                 field_accuracy, first_option_share, median, p90,
                                 paired_bootstrap, reliability, true_share, valid_rate)
-from vllm_pcd.assemble import log_softmax
+from vllm_pcd.plan import DEFAULT_LAYOUT, LAYOUTS
 
 DEFAULT_DATA = public_data.DEV
-DEFAULT_METHODS = ["pcd_token", "pcd_token_json_next", "pcd_sequence", "ar_json"]
+DEFAULT_METHODS = ["pcd_token", "pcd_token_json_next", "pcd_token_cf", "pcd_sequence",
+                   "ar_json"]
 BASELINE = "ar_json"
-CALIBRATED = "pcd_token_cf"
-CONTENT_FREE = "N/A"
+# Sources the formulation was tuned on: reported, but pooled only when nothing else is given.
+TUNED = {"dev"}
 
 
 def load_cases(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -100,42 +101,9 @@ def task_report(cases: list[dict[str, Any]], runs: dict[str, list[Outcome]]) -> 
             "against_" + BASELINE: against_baseline(cases, runs)}
 
 
-def calibrate(scores: dict[str, list[float]], empty: dict[str, list[float]]
-              ) -> dict[str, list[float]]:
-    return {name: log_softmax([s - e for s, e in zip(values, empty[name])])
-            for name, values in scores.items()}
-
-
-def best(case: dict[str, Any], scores: dict[str, list[float]]) -> dict[str, Any]:
-    out = {}
-    for name, spec in case["schema"]["properties"].items():
-        options = [True, False] if spec.get("type") == "boolean" else spec["enum"]
-        out[name] = options[max(range(len(options)), key=scores[name].__getitem__)]
-    return out
-
-
-async def content_free(client: Client, tokenizer: Any, cases: list[dict[str, Any]],
-                       outcomes: list[Outcome]) -> tuple[list[Outcome], int]:
-    """PCD token answers recalibrated by one content-free call per distinct schema (cached:
-    one call per task where the schema is fixed, one per case where options vary)."""
-    empty: dict[str, Outcome] = {}
-    out = []
-    for case, outcome in zip(cases, outcomes):
-        key = json.dumps(case["schema"], sort_keys=True)
-        if key not in empty:
-            empty[key] = await run_method("pcd_token", client, make_task(
-                tokenizer, case["schema"], [{"role": "user", "content": CONTENT_FREE}]))
-        if not (outcome.ok and empty[key].ok):
-            out.append(Outcome(outcome.status if not outcome.ok else empty[key].status))
-            continue
-        scores = calibrate(outcome.extra["scores"], empty[key].extra["scores"])
-        out.append(Outcome("ok", best(case, scores), outcome.latency_s, outcome.tokens_computed,
-                           outcome.backbone_calls, {"scores": scores}))
-    return out, len(empty)
-
-
 async def evaluate_task(client: Client, tokenizer: Any, source: str, cases: list[dict[str, Any]],
-                        methods: list[str], concurrency: int = 1) -> dict[str, list[Outcome]]:
+                        methods: list[str], concurrency: int = 1,
+                        layout: str = DEFAULT_LAYOUT) -> dict[str, list[Outcome]]:
     """Each case's methods run one after another; up to `concurrency` cases at once (latencies
     are then measured under that load)."""
     gate = asyncio.Semaphore(concurrency)
@@ -144,7 +112,7 @@ async def evaluate_task(client: Client, tokenizer: Any, source: str, cases: list
     async def one(case: dict[str, Any]) -> dict[str, Outcome]:
         async with gate:
             task = make_task(tokenizer, case["schema"],
-                             [{"role": "user", "content": case["message"]}])
+                             [{"role": "user", "content": case["message"]}], layout)
             out = {name: await run_method(name, client, task) for name in methods}
             progress.update()
             return out
@@ -165,22 +133,20 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
         for source in args.data:
             cases = public_data.load(source, args.limit)
             runs = await evaluate_task(client, tokenizer, source, cases, args.methods,
-                                       args.concurrency)
-            calls = 0
-            if "pcd_token" in runs:
-                runs[CALIBRATED], calls = await content_free(client, tokenizer, cases,
-                                                             runs["pcd_token"])
-            tasks[source] = {**task_report(cases, runs), "content_free_calls": calls,
+                                       args.concurrency, args.layout)
+            tasks[source] = {**task_report(cases, runs),
                              "answers": {m: {c["id"]: o.object if o.ok else o.status
                                              for c, o in zip(cases, out)}
                                          for m, out in runs.items()}}
-            pooled_cases += cases
-            for m, out in runs.items():
-                pooled.setdefault(m, []).extend(out)
+            args.out.with_suffix(".partial.json").write_text(json.dumps(tasks))
+            if source not in TUNED or set(args.data) <= TUNED:
+                pooled_cases += cases
+                for m, out in runs.items():
+                    pooled.setdefault(m, []).extend(out)
     finally:
         await client.close()
     return {"serving": serving, "model": str(args.model), "data": args.data, "limit": args.limit,
-            "concurrency": args.concurrency,
+            "concurrency": args.concurrency, "layout": args.layout,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code, "tasks": tasks,
             "overall": task_report(pooled_cases, pooled)}
 
@@ -227,12 +193,12 @@ def task_rows(name: str, report: dict[str, Any]) -> list[str]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{results['model']}; {results['serving']}", "",
+    lines = [f"{results['model']}; {results['serving']}; layout {results['layout']}", "",
              "| task | cases | " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * (len(COLUMNS) + 2)]
     for name, report in results["tasks"].items():
         lines += task_rows(name, report)
-    lines += task_rows("**all**", results["overall"])
+    lines += task_rows("**pooled**", results["overall"])
     return "\n".join(lines)
 
 
@@ -271,6 +237,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
     parser.add_argument("--limit", type=int, help="N cases per source, drawn with a fixed seed")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
+    parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+                        help="where every method is given the field list")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="cases in flight at once (accuracy is the same; latency is not)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results"

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import openai
 
 from vllm_pcd.models import fast_dtype
-from vllm_pcd.plan import (JSON_HEADER, FieldPlan, Plan, build_plan, instruction_text,
+from vllm_pcd.plan import (DEFAULT_LAYOUT, FieldPlan, Plan, build_plan, instruction_text,
                            with_instruction)
 from vllm_pcd.schema import SchemaSpec, parse_schema
 from vllm_pcd.sequence import node_lookup
@@ -48,11 +48,14 @@ class Task:
     schema: dict[str, Any]
     spec: SchemaSpec
     plan: Plan
+    layout: str = DEFAULT_LAYOUT  # where every method puts the field list
 
 
-def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]]) -> Task:
+def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]],
+              layout: str = DEFAULT_LAYOUT) -> Task:
     spec = parse_schema(schema)
-    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages))
+    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages, layout=layout),
+                layout)
 
 
 def load_tokenizer(model: str | Path) -> Any:
@@ -109,13 +112,13 @@ def _error_text(err: openai.APIStatusError) -> str:
 
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
-              formulation: str = "json") -> Outcome:
+              formulation: str = "json", calibration: str = "none") -> Outcome:
+    options = {"pcd_schema": task.schema, "pcd_mode": mode, "pcd_formulation": formulation,
+               "pcd_layout": task.layout, "pcd_calibration": calibration}
     try:
         resp = await client.api.chat.completions.create(
             model=client.model, messages=task.messages, temperature=0,
-            extra_body={"chat_template_kwargs": {"pcd_schema": task.schema, "pcd_mode": mode,
-                                                 "pcd_formulation": formulation},
-                        "cache_salt": salt})
+            extra_body={"chat_template_kwargs": options, "cache_salt": salt})
     except openai.BadRequestError as err:
         if mode == "token":
             raise
@@ -142,15 +145,20 @@ async def pcd_token_json_next(client: Client, task: Task, salt: str) -> Outcome:
     return await pcd(client, task, salt, formulation="json_next")
 
 
+async def pcd_token_cf(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode with content-free calibration (under a fresh salt its prior is computed in
+    the same engine steps as the document, so it costs tokens, not latency)."""
+    return await pcd(client, task, salt, calibration="content_free")
+
+
 async def pcd_token_json_prefix(client: Client, task: Task, salt: str) -> Outcome:
     """Token mode, every value up to its unique prefix (booleans: their first token)."""
     return await pcd(client, task, salt, formulation="json_prefix")
 
 
-def ar_instruction(spec: SchemaSpec) -> str:
-    """PCD's own field list, values written as JSON, under a header asking for an object."""
-    lines = instruction_text([(f, None) for f in spec.fields]).splitlines()
-    return "\n".join([JSON_HEADER, *lines[1:]])
+def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
+    """PCD's own field list, values written as JSON, under the JSON formulation's header."""
+    return instruction_text([(f, None) for f in spec.fields], "json", layout)
 
 
 def ar_max_tokens(task: Task) -> int:
@@ -161,7 +169,9 @@ def ar_max_tokens(task: Task) -> int:
 async def ar_json(client: Client, task: Task, salt: str) -> Outcome:
     """Ordinary autoregressive decoding under vLLM's JSON-schema grammar."""
     resp = await client.api.chat.completions.create(
-        model=client.model, messages=with_instruction(task.messages, ar_instruction(task.spec)),
+        model=client.model,
+        messages=with_instruction(task.messages, ar_instruction(task.spec, task.layout),
+                                  task.layout),
         temperature=0, max_tokens=ar_max_tokens(task),
         response_format={"type": "json_schema",
                          "json_schema": {"name": "answer", "schema": task.schema, "strict": True}},
@@ -273,20 +283,22 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_codes": pcd_token_codes,
     "pcd_token_json_next": pcd_token_json_next,
     "pcd_token_json_prefix": pcd_token_json_prefix,
+    "pcd_token_cf": pcd_token_cf,
     "ar_json": ar_json,
     "per_field": per_field,
     "systemone": systemone,
     "floor": floor,
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
-             "pcd_token_json_prefix", "ar_json", "per_field", "systemone")
+             "pcd_token_json_prefix", "pcd_token_cf", "ar_json", "per_field", "systemone")
 
 
-async def run_method(name: str, client: Client, task: Task) -> Outcome:
-    """One timed call under a fresh cache salt; failures become the outcome's status."""
+async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:
+    """One timed call under `salt` (default: a fresh one, so it reuses no KV blocks of other
+    calls); failures become the outcome's status."""
     start = time.perf_counter()
     try:
-        outcome = await METHODS[name](client, task, f"bench-{uuid.uuid4().hex}")
+        outcome = await METHODS[name](client, task, salt or f"bench-{uuid.uuid4().hex}")
     except Unsupported as err:
         return Outcome(f"unsupported: {err}")
     except Exception as err:  # one failed call must not end a long benchmark

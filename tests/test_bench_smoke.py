@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks import bench_latency, evaluate
+from benchmarks import bench_latency, bench_throughput, evaluate
 from benchmarks.methods import Client, load_tokenizer, make_task, run_method
 from tests.conftest import API_KEY
 
@@ -74,11 +74,31 @@ def test_quick_benchmark(url, model_path, tmp_path):
 def test_three_case_evaluation(url, model_path, tmp_path):
     if not evaluate.DEFAULT_DATA.exists():
         pytest.skip(f"no eval data at {evaluate.DEFAULT_DATA}")
-    results = evaluate.main(["--limit", "3", "--url", url, "--model", str(model_path),
+    results = evaluate.main(["--data", str(evaluate.DEFAULT_DATA), "--limit", "3", "--url", url,
+                             "--model", str(model_path), "--concurrency", "2",
                              "--out", str(tmp_path / "eval.json")])
-    assert results["cases"] == 3
-    for method, report in results["methods"].items():
+    assert results["overall"]["cases"] == 3 and (tmp_path / "eval.reliability.png").exists()
+    methods = results["overall"]["methods"]
+    assert set(methods) == set(evaluate.DEFAULT_METHODS)
+    for method, report in methods.items():
         check_status(method, report["status"])
         if report["status"] == "ok":
             assert report["schema_valid_rate"] == 1.0, method
             assert 0 <= report["field_accuracy"] <= 1
+    assert set(results["overall"]["against_ar_json"]) == set(methods) - {"ar_json"}
+
+
+def test_quick_throughput(url, model_path, tmp_path):
+    results = bench_throughput.main(["--quick", "--url", url, "--model", str(model_path),
+                                     "--out", str(tmp_path / "throughput")])
+    assert (tmp_path / "throughput.json").exists() and (tmp_path / "throughput.png").exists()
+    assert [(c["fields"], c["concurrency"]) for c in results["cells"]] == [(3, 1), (3, 2)]
+    for cell in results["cells"]:
+        assert set(cell["rows"]) == {f"{m}@{layout}" for m, layout in bench_throughput.ROWS}
+        for name, row in cell["rows"].items():
+            check_status(name.split("@")[0], row["status"])
+            if row["status"] == "ok":
+                assert row["failed"] == 0 and row["docs_per_s"] > 0
+                assert row["documents"] == (2 if cell["concurrency"] == 1 else 4)
+                assert row["schema_valid"] in (True, None), name
+                assert row["tokens_per_doc"] > 0

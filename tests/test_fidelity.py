@@ -70,3 +70,40 @@ def test_json_first_token_scores_match_fp32_reference(fp32_llm, reference_model,
         expected = (torch.tensor(sums) - torch.logsumexp(torch.tensor(sums), 0)).tolist()
         worst = max(abs(a - b) for a, b in zip(fr.scores, expected))
         assert worst < TOLERANCE, f"{fp.field.name}: {fr.scores} vs {expected}"
+
+
+def test_a_list_of_documents_is_batched_and_each_matches_the_reference(fp32_llm, reference_model):
+    """`constrained(llm, texts, schema)` submits every document at once: all shared contexts
+    run in one engine step, then all branches in one more, and each document's scores still
+    match the FP32 reference of its own branches."""
+    texts = [MESSAGE, "My parcel never arrived and tracking shows nothing.",
+             "How do I change the e-mail address on my account?"]
+    results = constrained(fp32_llm, texts, SUPPORT_SCHEMA, formulation="codes",
+                          cache_salt="batch-of-three")
+    assert len(results) == 3
+    steps = [{r.execution.prefill.step_ts for r in results},
+             {b.step_ts for r in results for b in r.execution.branches}]
+    assert [len(s) for s in steps] == [1, 1], steps
+    for text, result in zip(texts, results):
+        for i, (fp, fr) in enumerate(zip(result.plan.fields, result.fields)):
+            expected = reference_scores(reference_model, result.plan.branch_ids(i), fp.code_ids)
+            assert max(abs(a - b) for a, b in zip(fr.scores, expected)) < TOLERANCE
+    assert constrained(fp32_llm, texts[1], SUPPORT_SCHEMA, formulation="codes").object \
+        == results[1].object
+
+
+def test_the_offline_prior_is_the_schemas_answer_about_an_empty_document(fp32_llm):
+    """Offline, the prior computed beside a batch is what the same schema answers about the
+    content-free text on its own."""
+    results = constrained(fp32_llm, [MESSAGE, "Where is my parcel?"], SUPPORT_SCHEMA,
+                          calibration="content_free", cache_salt="offline-prior")
+    alone = constrained(fp32_llm, "N/A", SUPPORT_SCHEMA, cache_salt="offline-prior-alone")
+    assert [r.calibration["prior_cached"] for r in results] == [False, False]
+    for result in results:
+        for calibrated, empty in zip(result.fields, alone.fields):
+            priors = [c["prior_score"] for c in calibrated.diagnostics()["candidates"]]
+            assert priors == pytest.approx(list(empty.scores), abs=TOLERANCE)
+    again = constrained(fp32_llm, MESSAGE, SUPPORT_SCHEMA, calibration="content_free",
+                        cache_salt="offline-prior")
+    assert again.calibration["prior_cached"] is True
+    assert again.object == results[0].object

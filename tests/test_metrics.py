@@ -1,10 +1,13 @@
 """The evaluation's metric functions, on cases small enough to count by hand."""
 
+import math
+
 import pytest
 
 from benchmarks.metrics import (
-    Case, exact_accuracy, field_accuracy, first_option_share, is_schema_valid, median, p90,
-    percentile, true_share, valid_rate)
+    Case, confidences, exact_accuracy, expected_calibration_error, field_accuracy,
+    first_option_share, is_schema_valid, median, p90, paired_bootstrap, percentile,
+    reliability, true_share, valid_rate)
 
 SCHEMA = {
     "type": "object",
@@ -86,3 +89,35 @@ def test_percentiles_interpolate_linearly():
     assert percentile([5.0], 90) == 5.0
     assert median([]) is None
     assert percentile(list(range(11)), 90) == pytest.approx(9.0)
+
+
+def test_paired_bootstrap_difference_and_interval():
+    worse = [Case(c.schema, c.expected, None) for c in CASES]
+    got = paired_bootstrap(CASES, worse, rounds=500)
+    assert got["difference"] == pytest.approx(4 / 9)
+    assert 0 <= got["low"] <= got["difference"] <= got["high"] <= 1
+    same = paired_bootstrap(CASES, CASES, rounds=200)
+    assert same == {"difference": 0.0, "low": 0.0, "high": 0.0}
+    exact = paired_bootstrap(CASES, worse, exact=True, rounds=200)
+    assert exact["difference"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        paired_bootstrap(CASES, CASES[:2])
+
+
+def test_confidence_is_the_probability_of_the_answer_given():
+    scores = [{"topic": [math.log(0.7), math.log(0.2), math.log(0.1)],
+               "refund": [math.log(0.4), math.log(0.6)],
+               "urgent": [math.log(0.9), math.log(0.1)]}, None, None]
+    points = confidences(CASES, scores)
+    assert [(round(p, 6), ok) for p, ok in points] == [(0.7, True), (0.6, True), (0.9, True)]
+
+
+def test_reliability_bins_and_ece():
+    points = [(0.95, True), (0.95, False), (0.55, True), (1.0, True)]
+    bins = reliability(points)
+    assert [(b["low"], b["count"]) for b in bins] == [(0.5, 1), (0.9, 3)]
+    assert bins[1]["accuracy"] == pytest.approx(2 / 3)
+    # |0.55 - 1| * 1 + |(0.95 + 0.95 + 1) / 3 - 2/3| * 3, over 4 points
+    assert expected_calibration_error(points) == pytest.approx((0.45 + abs(2.9 - 2)) / 4)
+    assert expected_calibration_error([(1.0, True)]) == 0
+    assert expected_calibration_error([]) is None

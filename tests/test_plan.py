@@ -180,3 +180,41 @@ def test_thirty_two_token_fields_fit_one_microbatch(tokenizer):
         assert len(microbatches(plan.scorings(), 32)) == 1
     seq = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], mode="sequence")
     assert len(microbatches(seq.scorings(), 32)) == math.ceil(spec.total_candidates / 32)
+
+
+def test_schema_first_layout_puts_the_field_list_before_every_document(tokenizer):
+    spec = parse_schema(SIX_FIELD_SCHEMA)
+    plans = [build_plan(tokenizer, spec, [{"role": "user", "content": doc}],
+                        layout="schema_first")
+             for doc in (MESSAGE, "A short note about something else entirely.")]
+    text = tokenizer.decode(list(plans[0].shared_ids))
+    assert text.index("the conversation that follows") < text.index("- urgent") \
+        < text.index(MESSAGE)
+    common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
+    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], "json",
+                                                    "schema_first"), add_special_tokens=False)
+    assert common > len(instruction)  # every document starts from the schema's tokens
+    with_system = build_plan(tokenizer, spec, [{"role": "system", "content": "Be terse."},
+                                               {"role": "user", "content": MESSAGE}],
+                             layout="schema_first")
+    assert "- urgent" in tokenizer.decode(list(with_system.shared_ids)).split("Be terse.")[0]
+    with pytest.raises(SchemaError, match="pcd_layout"):
+        build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], layout=["x"])
+
+
+def test_value_ends_per_formulation(tokenizer):
+    """json_next: whole values, then what follows them in the object (`,` or, alone, `}`);
+    json_prefix: each value up to its unique token, booleans included."""
+    def endings(schema, formulation):
+        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}],
+                          formulation=formulation)
+        return {fp.field.name: [tokenizer.decode(list(c[s:]))
+                                for c, s in zip(fp.candidates, fp.score_from)]
+                for fp in plan.fields}
+    many = endings(SUPPORT_SCHEMA, "json_next")
+    assert many["refund_requested"] == [" true,", " false,"]
+    assert all(v.startswith(' "') and v.endswith('",') for v in many["topic"])
+    alone = {**SUPPORT_SCHEMA, "properties": {"refund_requested": {"type": "boolean"}},
+             "required": ["refund_requested"]}
+    assert endings(alone, "json_next")["refund_requested"] == [" true}", " false}"]
+    assert endings(SUPPORT_SCHEMA, "json_prefix")["refund_requested"] == [" true", " false"]

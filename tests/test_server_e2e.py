@@ -1,12 +1,13 @@
 """`vllm serve` with the plugin, as a user runs it, driven by the openai client."""
 
 import json
+import math
 
 import openai
 import pytest
 
-from tests.conftest import (API_KEY, KV_FORK, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA,
-                            SUPPORT_SCHEMA, computed_tokens)
+from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, KV_FORK, MESSAGE, SERVER_ARGS,
+                            SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, computed_tokens)
 from vllm_pcd.engine import restrictable
 from vllm_pcd.launch import serve
 from vllm_pcd.pcd import as_messages
@@ -101,3 +102,68 @@ def test_sequence_and_mixed_modes_over_http(client):
 def test_codes_formulation_over_http(client):
     response = pcd(client, SUPPORT_SCHEMA, extra_kwargs={"pcd_formulation": "codes"})
     assert response.model_extra["pcd"]["fields"]["topic"]["codes"] == ["A", "B", "C", "D"]
+
+
+WIDE_SCHEMA = {
+    "type": "object",
+    "properties": {f"aspect_{i}": {"type": "string", "enum": ["praised", "criticised", "absent"],
+                                   "description": f"What the customer says about aspect {i} of "
+                                                  "the service, if anything"}
+                   for i in range(16)},
+    "required": [f"aspect_{i}" for i in range(16)],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("layout", ["schema_first", "document_first"])
+def test_a_second_document_with_the_same_schema_computes_only_its_own_tokens(
+        client, tokenizer, layout):
+    """Schema first, the field list's KV blocks computed for one document serve the next:
+    the engine computes the second one's document and branch tokens only (within the
+    partial block at the divergence). Document first, nothing beyond the template's opening
+    is shared."""
+    docs = [MESSAGE, "The app crashes whenever I open the settings page on my phone."]
+    plans = [build_plan(tokenizer, parse_schema(WIDE_SCHEMA), as_messages(d), layout=layout)
+             for d in docs]
+    common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
+    salt = f"second-document-{layout}"
+    first, second = (pcd(client, WIDE_SCHEMA, d, {"pcd_layout": layout}, cache_salt=salt)
+                     for d in docs)
+    assert first.model_extra["pcd"]["tokens"]["context_cached"] == 0
+    tokens = second.model_extra["pcd"]["tokens"]
+    reused = common - common % CPU_BLOCK_SIZE
+    assert tokens["context_cached"] == reused
+    assert tokens["computed"] == computed_tokens(plans[1]) - reused
+    own = computed_tokens(plans[1]) - common  # its document on, and its branches
+    assert 0 <= tokens["computed"] - own < CPU_BLOCK_SIZE
+    if layout == "schema_first":
+        assert reused >= 3 * CPU_BLOCK_SIZE  # the 16-field list
+    else:
+        assert reused < CPU_BLOCK_SIZE
+
+
+def test_content_free_calibration_is_computed_once_per_schema(client):
+    """The first request computes the schema's prior beside its document; the next, under
+    the same salt, finds it cached. The scores are the uncalibrated ones minus the prior's,
+    renormalised, and the response says how they were calibrated."""
+    options = {"pcd_calibration": "content_free"}
+    first, second = (pcd(client, SIX_FIELD_SCHEMA, text, options, cache_salt="calibrated")
+                     for text in (MESSAGE, "Where is my parcel? It was due on Monday."))
+    assert first.model_extra["pcd"]["calibration"]["prior_cached"] is False
+    assert first.model_extra["pcd"]["calibration"]["prior_tokens_computed"] > 0
+    diag = second.model_extra["pcd"]
+    assert diag["calibrated"] is True
+    assert diag["calibration"] == {"method": "content_free", "prior_cached": True,
+                                   "prior_tokens_computed": 0}
+    assert diag["backbone_calls"] == 2
+    for name, field in diag["fields"].items():
+        raw = [c["uncalibrated_score"] - c["prior_score"] for c in field["candidates"]]
+        top = max(raw)
+        total = top + math.log(sum(math.exp(r - top) for r in raw))
+        assert [c["score"] for c in field["candidates"]] == pytest.approx(
+            [r - total for r in raw], abs=1e-9)
+    plain = pcd(client, SIX_FIELD_SCHEMA, MESSAGE)
+    assert plain.model_extra["pcd"]["calibrated"] is False
+    assert plain.model_extra["pcd"]["calibration"] is None
+    with pytest.raises(openai.BadRequestError, match="pcd_calibration"):
+        pcd(client, SIX_FIELD_SCHEMA, MESSAGE, {"pcd_calibration": "platt"})

@@ -212,20 +212,28 @@ def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, m
     return Execution(_report(prefill), branches, mid - start, end - mid)
 
 
-def run_offline(llm: Any, plan: Plan, *, branches_per_batch: int,
-                cache_salt: str | None = None) -> Execution:
-    """Blocking execution on a `vllm.LLM`."""
+def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
+                cache_salt: str | None = None) -> list[Execution]:
+    """Blocking execution of many plans on a `vllm.LLM`: every shared context in one
+    `generate` call, then the k-th branch batch of every plan in one call, so vLLM batches
+    the documents together (two backbone calls for a whole list, trie levels aside)."""
     start = time.perf_counter()
-    [prefill] = llm.generate([_prompt(plan.shared_ids, cache_salt)],
-                             prefill_params(len(plan.shared_ids)), use_tqdm=False)
+    prefills = llm.generate([_prompt(p.shared_ids, cache_salt) for p in plans],
+                            [prefill_params(len(p.shared_ids)) for p in plans], use_tqdm=False)
     mid = time.perf_counter()
-    outputs: list[Any] = [None] * len(plan.scorings())
+    outputs: list[list[Any]] = [[None] * len(p.scorings()) for p in plans]
     group_id = f"pcd-offline-{uuid.uuid4().hex}"
-    for batch in branch_batches(plan, group_id, branches_per_batch, cache_salt):
-        indices, prompts, params = zip(*batch)
-        for i, output in zip(indices, llm.generate(list(prompts), list(params), use_tqdm=False)):
-            outputs[i] = output
-    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())
+    per_plan = [branch_batches(p, f"{group_id}-{k}", branches_per_batch, cache_salt)
+                for k, p in enumerate(plans)]
+    for number in range(max(len(b) for b in per_plan)):
+        wave = [(k, i, prompt, params) for k, batches in enumerate(per_plan)
+                if number < len(batches) for i, prompt, params in batches[number]]
+        done = llm.generate([w[2] for w in wave], [w[3] for w in wave], use_tqdm=False)
+        for (k, i, _, _), output in zip(wave, done):
+            outputs[k][i] = output
+    end = time.perf_counter()
+    return [_execution(p, prefill, out, start, mid, end)
+            for p, prefill, out in zip(plans, prefills, outputs)]
 
 
 async def _final(stream: AsyncIterator[Any]) -> Any:

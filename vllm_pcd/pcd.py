@@ -10,15 +10,17 @@ import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
+from vllm_pcd.calibration import (DEFAULT_CALIBRATION, PriorCache, calibrate, check_calibration,
+                                  content_free_messages, prior_key)
 from vllm_pcd.engine import Execution, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
-from vllm_pcd.plan import DEFAULT_FORMULATION, FieldPlan, Plan, build_plan
+from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
 
@@ -36,6 +38,7 @@ class PCDResult:
     execution: Execution
     plan_s: float
     projection_route: str | None = None  # the restricted LM head's route, when it is on
+    calibration: dict[str, Any] | None = None  # how the scores were calibrated, if they were
 
     @property
     def content(self) -> str:
@@ -57,13 +60,16 @@ class PCDResult:
         modes = {r.extra["mode"] for r in self.fields}
         return {
             "mode": modes.pop() if len(modes) == 1 else "mixed",
-            "calibrated": False,
+            "calibrated": self.calibration is not None,
+            "calibration": self.calibration,
             "backbone_calls": ex.backbone_calls,
             "tokens": {
                 "shared": shared,
                 "branch": self.plan.branch_tokens,
                 "ideal": shared + self.plan.branch_tokens,
                 "computed": ex.tokens_computed,
+                # shared-context tokens earlier requests had computed (the prefix cache)
+                "context_cached": ex.prefill.cached_tokens,
             },
             "timings": {
                 "plan_s": self.plan_s,
@@ -104,10 +110,34 @@ def _results(plan: Plan, execution: Execution, normalization: str) -> tuple[Fiel
 
 
 def finish(schema: SchemaSpec, plan: Plan, execution: Execution, plan_s: float,
-           normalization: str = "sum", projection_route: str | None = None) -> PCDResult:
+           normalization: str = "sum", projection_route: str | None = None,
+           prior: Prior | None = None) -> PCDResult:
     results = _results(plan, execution, normalization)
+    calibration = None
+    if prior is not None:
+        results = calibrate(results, prior.fields)
+        calibration = {"method": "content_free", "prior_cached": prior.cached,
+                       "prior_tokens_computed": prior.tokens_computed}
     return PCDResult(assemble(schema, results), results, plan, execution, plan_s,
-                     projection_route)
+                     projection_route, calibration)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A schema's content-free scores, and what obtaining them cost this request."""
+
+    fields: tuple[FieldResult, ...]
+    cached: bool
+    tokens_computed: int
+
+
+PRIORS = PriorCache()
+
+
+def _prior(plan: Plan, execution: Execution, normalization: str, key: Any) -> Prior:
+    fields = _results(plan, execution, normalization)
+    PRIORS.put(key, fields)
+    return Prior(fields, False, execution.tokens_computed)
 
 
 def check_normalization(normalization: str) -> str:
@@ -117,50 +147,111 @@ def check_normalization(normalization: str) -> str:
     return normalization
 
 
-def as_messages(text_or_messages: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+Conversation = str | list[dict[str, Any]]
+# Documents submitted to the engine together by the batch API; more wait for the next call.
+DOCUMENTS_PER_CALL = 256
+
+
+def as_messages(text_or_messages: Conversation) -> list[dict[str, Any]]:
     if isinstance(text_or_messages, str):
         return [{"role": "user", "content": text_or_messages}]
     return list(text_or_messages)
 
 
-def constrained(llm: Any, text_or_messages: str | list[dict[str, Any]], schema: dict[str, Any],
-                *, mode: str = "token", normalization: str = "sum",
-                formulation: str = DEFAULT_FORMULATION, limits: Limits = Limits(),
-                cache_salt: str | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> PCDResult:
-    """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD. `mode` is the
-    default for fields without their own `x-pcd-mode`."""
+def _is_many(documents: Any) -> bool:
+    """A list of texts or of conversations (a conversation itself is a list of dicts)."""
+    return isinstance(documents, (list, tuple)) and bool(documents) \
+        and all(isinstance(d, (str, list, tuple)) for d in documents)
+
+
+def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
+                schema: dict[str, Any], *, mode: str = "token", normalization: str = "sum",
+                formulation: str = DEFAULT_FORMULATION, layout: str = DEFAULT_LAYOUT,
+                calibration: str = DEFAULT_CALIBRATION, limits: Limits = Limits(),
+                cache_salt: str | None = None, template_kwargs: dict[str, Any] | None = None
+                ) -> PCDResult | list[PCDResult]:
+    """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD; given a list of
+    them, answer each, submitting up to DOCUMENTS_PER_CALL documents to the engine at once so
+    vLLM batches them. `mode` is the default for fields without their own `x-pcd-mode`;
+    `calibration="content_free"` divides out the schema's content-free prior, computed
+    alongside the first documents and cached."""
     if not internals.active():
         logger.warning_once("vllm-pcd's engine patches are off in this process (set "
                             "VLLM_PLUGINS=pcd before creating the LLM): answers are the same, "
                             "computed without the KV fork, grouped admission or restricted head")
-    start = time.perf_counter()
+    many = _is_many(documents)
     spec = parse_schema(schema, limits)
     check_normalization(normalization)
-    plan = build_plan(llm.get_tokenizer(), spec, as_messages(text_or_messages), limits,
-                      template_kwargs, mode=mode, formulation=formulation)
-    plan_s = time.perf_counter() - start
-    execution = run_offline(llm, plan, branches_per_batch=limits.max_branches_per_batch,
-                            cache_salt=cache_salt)
-    return finish(spec, plan, execution, plan_s, normalization,
-                  configured_route(llm.llm_engine.vllm_config))
+    check_calibration(calibration)
+    route = configured_route(llm.llm_engine.vllm_config)
+
+    def plan_of(messages: list[dict[str, Any]]) -> Plan:
+        return build_plan(llm.get_tokenizer(), spec, messages, limits, template_kwargs,
+                          mode=mode, formulation=formulation, layout=layout)
+
+    results = []
+    todo = list(documents) if many else [documents]
+    for at in range(0, len(todo), DOCUMENTS_PER_CALL):
+        start = time.perf_counter()
+        plans = [plan_of(as_messages(doc)) for doc in todo[at:at + DOCUMENTS_PER_CALL]]
+        plan_s = (time.perf_counter() - start) / len(plans)
+        prior_plan = key = prior = None
+        if calibration == "content_free":  # one prior per system prompt in the batch
+            prior_plan = plan_of(content_free_messages(as_messages(todo[at])))
+            key = prior_key(prior_plan, normalization, cache_salt)
+            cached = PRIORS.get(key)
+            prior = None if cached is None else Prior(cached, True, 0)
+        extra = [prior_plan] if prior_plan is not None and prior is None else []
+        executions = run_offline(llm, plans + extra,
+                                 branches_per_batch=limits.max_branches_per_batch,
+                                 cache_salt=cache_salt)
+        if extra:
+            prior = _prior(prior_plan, executions.pop(), normalization, key)
+        results += [finish(spec, plan, execution, plan_s, normalization, route, prior)
+                    for plan, execution in zip(plans, executions)]
+    return results if many else results[0]
 
 
 async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[str, Any]],
                              spec: SchemaSpec, *, limits: Limits, mode: str = "token",
                              normalization: str = "sum",
                              formulation: str = DEFAULT_FORMULATION,
+                             layout: str = DEFAULT_LAYOUT,
+                             calibration: str = DEFAULT_CALIBRATION,
                              template_kwargs: dict[str, Any] | None = None,
                              chat_template: str | None = None, request_id: str | None = None,
                              cache_salt: str | None = None,
                              projection_route: str | None = None,
                              data_parallel_rank: int | None = None) -> PCDResult:
+    """On a prior's cache miss its engine requests run beside the document's, in the same
+    engine steps."""
+    loop = asyncio.get_running_loop()
+
+    def plan_of(conversation: list[dict[str, Any]]) -> Any:
+        return loop.run_in_executor(_PLANNER, functools.partial(
+            build_plan, tokenizer, spec, conversation, limits, template_kwargs, chat_template,
+            mode, formulation, layout))
+
+    def execute(plan: Plan, rid: str | None) -> Any:
+        return run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
+                          request_id=rid, cache_salt=cache_salt,
+                          data_parallel_rank=data_parallel_rank)
+
     start = time.perf_counter()
-    plan = await asyncio.get_running_loop().run_in_executor(_PLANNER, functools.partial(
-        build_plan, tokenizer, spec, messages, limits, template_kwargs, chat_template, mode,
-        formulation))
+    plan = await plan_of(messages)
     plan_s = time.perf_counter() - start
-    execution = await run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
-                                 request_id=request_id, cache_salt=cache_salt,
-                                 data_parallel_rank=data_parallel_rank)
-    return finish(spec, plan, execution, plan_s, normalization, projection_route)
+    prior = execution = None
+    if check_calibration(calibration) == "content_free":
+        prior_plan = await plan_of(content_free_messages(messages))
+        key = prior_key(prior_plan, normalization, cache_salt)
+        if (cached := PRIORS.get(key)) is not None:
+            prior = Prior(cached, True, 0)
+        else:
+            async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the other
+                document = group.create_task(execute(plan, request_id))
+                empty = group.create_task(execute(prior_plan, request_id and f"{request_id}-prior"))
+            prior = _prior(prior_plan, empty.result(), normalization, key)
+            execution = document.result()
+    if execution is None:
+        execution = await execute(plan, request_id)
+    return finish(spec, plan, execution, plan_s, normalization, projection_route, prior)

@@ -34,6 +34,9 @@ JSON_HEADER = ("Answer about the conversation above with a JSON object that has 
                "fields below, each set to one of the values listed for it.")
 CODES_HEADER = ("Answer about the conversation above. For each field below, choose exactly one "
                 "option; where options have codes, answer with the code.")
+# Where the field list goes: after the conversation (in its last user turn), or before it in
+# a system turn, so that documents asked the same schema share its tokens (and their KV).
+LAYOUTS = ("document_first", "schema_first")
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
 
 
@@ -58,6 +61,7 @@ FORMULATIONS = {
     "codes": Formulation(CODES_HEADER, False),
 }
 DEFAULT_FORMULATION = "json"
+DEFAULT_LAYOUT = "document_first"
 
 
 class Tokenizer(Protocol):
@@ -138,10 +142,13 @@ def _option_label(field: FieldSpec, code: str | None, option: Any) -> str:
 
 
 def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
-                     formulation: str = "codes") -> str:
-    """The field list appended to the conversation; shared by every branch. Fields with codes
+                     formulation: str = "codes", layout: str = "document_first") -> str:
+    """The field list given with the conversation; shared by every branch. Fields with codes
     show them; the others (codes None) show their JSON values."""
-    lines = [FORMULATIONS[formulation].header]
+    header = FORMULATIONS[formulation].header
+    if layout == "schema_first":
+        header = header.replace("the conversation above", "the conversation that follows")
+    lines = [header]
     for field, codes in fields:
         about = f" ({field.description})" if field.description else ""
         shown_codes = codes if codes is not None else [None] * len(field.options)
@@ -185,9 +192,19 @@ def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...
                       param=f"pcd_schema.properties.{field.name}", rule="codes")
 
 
-def with_instruction(messages: list[dict[str, Any]], instruction: str) -> list[dict[str, Any]]:
-    """Append the field list to the last user turn (or add one), keeping roles alternating."""
+def with_instruction(messages: list[dict[str, Any]], instruction: str,
+                     layout: str = "document_first") -> list[dict[str, Any]]:
+    """The conversation with the field list: appended to the last user turn (or as a new
+    one, keeping roles alternating), or schema-first at the head of the system turn."""
     messages = [dict(m) for m in messages]
+    if layout == "schema_first":
+        first = messages[0] if messages else None
+        if first is not None and first.get("role") == "system" \
+                and isinstance(first.get("content"), str):
+            first["content"] = f"{instruction}\n\n{first['content']}"
+        else:
+            messages.insert(0, {"role": "system", "content": instruction})
+        return messages
     last = messages[-1] if messages else None
     if last is not None and last.get("role") == "user" and isinstance(last.get("content"), str):
         last["content"] = f"{last['content']}\n\n{instruction}"
@@ -326,18 +343,21 @@ def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyField
 def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
                limits: Limits = Limits(), template_kwargs: dict[str, Any] | None = None,
                chat_template: str | None = None, mode: str = "token",
-               formulation: str = DEFAULT_FORMULATION) -> Plan:
+               formulation: str = DEFAULT_FORMULATION, layout: str = DEFAULT_LAYOUT) -> Plan:
     """`mode` is the request's default; a field's own `x-pcd-mode` wins."""
     if mode not in MODES:
         raise SchemaError(f"pcd_mode must be one of {list(MODES)}", param="pcd_mode", rule="mode")
     if not isinstance(formulation, str) or formulation not in FORMULATIONS:
         raise SchemaError(f"pcd_formulation must be one of {list(FORMULATIONS)}",
                           param="pcd_formulation", rule="formulation")
+    if layout not in LAYOUTS:
+        raise SchemaError(f"pcd_layout must be one of {list(LAYOUTS)}", param="pcd_layout",
+                          rule="layout")
     texts = [_field_text(tokenizer, f, f.mode or mode, formulation, len(schema.fields))
              for f in schema.fields]
-    instruction = instruction_text([(t.field, t.codes) for t in texts], formulation)
-    rendered = render_text(tokenizer, with_instruction(messages, instruction), template_kwargs,
-                           chat_template)
+    instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
+    rendered = render_text(tokenizer, with_instruction(messages, instruction, layout),
+                           template_kwargs, chat_template)
     encode = InContext(tokenizer, rendered, [c for t in texts for c in t.continuations()])
     plan = Plan(encode.shared_ids, tuple(_field_plan(encode, t, limits) for t in texts))
     requests = 1 + len(plan.scorings())  # the shared context, then every scoring request

@@ -20,14 +20,16 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.logger import init_logger
 
 from vllm_pcd import metrics
+from vllm_pcd.calibration import DEFAULT_CALIBRATION, check_calibration
 from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.pcd import check_normalization, constrained_online
-from vllm_pcd.plan import DEFAULT_FORMULATION
+from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT
 from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
 
 logger = init_logger("vllm.pcd.server")
 
-PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization", "pcd_formulation")
+PCD_KEYS = ("pcd_schema", "pcd_mode", "pcd_normalization", "pcd_formulation", "pcd_layout",
+            "pcd_calibration")
 # Chat-completion options that PCD cannot honour; refused rather than silently ignored.
 _UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
 # Log-probabilities are what PCD adds up; these modes return something else.
@@ -235,6 +237,8 @@ class PCDService:
                                   param="pcd_mode", rule="mode")
             normalization = check_normalization(kwargs.pop("pcd_normalization", "sum"))
             formulation = kwargs.pop("pcd_formulation", DEFAULT_FORMULATION)
+            layout = kwargs.pop("pcd_layout", DEFAULT_LAYOUT)
+            calibration = check_calibration(kwargs.pop("pcd_calibration", DEFAULT_CALIBRATION))
             spec = parse_schema(kwargs.pop("pcd_schema", None), self.limits)
             messages = plain_messages(request)
             chat_template = self.chat_template(request)
@@ -246,7 +250,8 @@ class PCDService:
             async with asyncio.timeout(bound):
                 result = await constrained_online(
                     self.engine, self.tokenizer, messages, spec, limits=self.limits, mode=mode,
-                    normalization=normalization, formulation=formulation,
+                    normalization=normalization, formulation=formulation, layout=layout,
+                    calibration=calibration,
                     template_kwargs=kwargs, chat_template=chat_template,
                     request_id=request_id, cache_salt=request.cache_salt,
                     projection_route=self.projection_route,

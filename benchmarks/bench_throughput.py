@@ -1,0 +1,200 @@
+"""Many documents, one schema: documents per second and tokens computed per document.
+
+    python -m benchmarks.bench_throughput [--quick] [--docs 64] [--fields 8 32]
+                                          [--concurrency 1 8 32] [--url URL] [--model PATH]
+
+Documents are synthetic support tickets of varied length (about 50 to 250 tokens). Each row
+(a method in a layout) runs every document once per (schema, concurrency) cell, under one
+cache salt for the whole cell: one tenant sending its documents, so a layout that puts the
+schema first has it cached after the unmeasured warm-up document, for PCD and AR alike. No
+cell reuses another's KV blocks. At concurrency 1 only the first `--sequential-docs`
+documents run (that cell measures latency, and AR takes seconds per document).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
+from benchmarks.methods import (Client, Outcome, Task, load_tokenizer, make_task, provenance,
+                                run_method, run_on_server)
+from benchmarks.metrics import is_schema_valid, median
+
+# (method, layout) rows; AR JSON gets PCD's default layout, so it shares the prefix cache too.
+ROWS = [("pcd_token", "schema_first"), ("pcd_token", "document_first"),
+        ("ar_json", "schema_first"), ("per_field", "schema_first"), ("floor", "schema_first")]
+BASELINE = ("ar_json", "schema_first")
+
+
+def documents(tokenizer: Any, count: int, seed: int = 16) -> list[str]:
+    rng = random.Random(seed)
+    return [synthetic_ticket(tokenizer, rng.randint(50, 250), seed=seed + i) for i in range(count)]
+
+
+async def measure(client: Client, tokenizer: Any, schema: dict[str, Any], docs: list[str],
+                  method: str, layout: str, concurrency: int, bar: tqdm) -> dict[str, Any]:
+    """Every document through `concurrency` workers under one salt, after a warm-up call."""
+    salt = f"throughput-{uuid.uuid4().hex}"
+    tasks = [make_task(tokenizer, schema, [{"role": "user", "content": d}], layout)
+             for d in docs]
+    warm = make_task(tokenizer, schema, [{"role": "user", "content": "Hello, a quick question."}],
+                     layout)
+    first = await run_method(method, client, warm, salt)
+    if first.status.startswith("unsupported"):
+        bar.update(len(docs))
+        return {"status": first.status}
+    queue: asyncio.Queue[Task] = asyncio.Queue()
+    for task in tasks:
+        queue.put_nowait(task)
+    outcomes: list[tuple[Task, Outcome]] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            task = queue.get_nowait()
+            outcomes.append((task, await run_method(method, client, task, salt)))
+            bar.update()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    good = [(t, o) for t, o in outcomes if o.ok]
+    failed = [o.status for _, o in outcomes if not o.ok]
+    computed = [o.tokens_computed for _, o in good]
+    return {
+        "status": failed[0] if failed else "ok",
+        "documents": len(outcomes), "failed": len(failed), "wall_s": wall,
+        "docs_per_s": len(good) / wall,
+        "median_s": median([o.latency_s for _, o in good]),
+        "tokens_per_doc": None if None in computed or not computed else sum(computed) / len(good),
+        "schema_valid": all(is_schema_valid(schema, o.object) for _, o in good)
+        if method != "floor" else None,
+    }
+
+
+async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
+    code = provenance()
+    tokenizer = load_tokenizer(args.model)
+    docs = documents(tokenizer, args.docs)
+    client = await Client(url).connect()
+    cells = []
+    per_level = {c: len(docs) if c > 1 else min(len(docs), args.sequential_docs)
+                 for c in args.concurrency}
+    total = len(args.fields) * len(ROWS) * sum(per_level.values())
+    try:
+        with tqdm(total=total, desc="throughput", unit="doc", file=sys.stderr) as bar:
+            for n_fields in args.fields:
+                schema = synthetic_schema(n_fields)
+                for level in args.concurrency:
+                    rows = {}
+                    for method, layout in ROWS:
+                        bar.set_postfix_str(f"{n_fields} fields, c={level}, {method} {layout}")
+                        rows[f"{method}@{layout}"] = await measure(
+                            client, tokenizer, schema, docs[:per_level[level]], method, layout,
+                            level, bar)
+                    cells.append({"fields": n_fields, "concurrency": level, "rows": rows})
+    finally:
+        await client.close()
+    return {"serving": serving, "model": str(args.model), "code": code,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "documents": len(docs),
+            "document_tokens": [len(tokenizer.encode(d, add_special_tokens=False)) for d in docs],
+            "cells": cells}
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"×{a / b:.1f}"
+
+
+def table(results: dict[str, Any]) -> str:
+    """Markdown: per cell and row, docs/s, its ratio to AR JSON (latency ratio at c=1),
+    tokens per document and their ratio to the floor's."""
+    base = f"{BASELINE[0]}@{BASELINE[1]}"
+    lines = [f"{results['documents']} documents; {results['serving']}", "",
+             "| fields | conc | method @ layout | docs/s | vs AR | median s | latency vs AR "
+             "| tokens/doc | vs floor |", "|---|---|---|---|---|---|---|---|---|"]
+    for cell in results["cells"]:
+        ar = cell["rows"][base]
+        floor = cell["rows"]["floor@schema_first"]
+        for name, row in cell["rows"].items():
+            if "docs_per_s" not in row:
+                lines.append(f"| {cell['fields']} | {cell['concurrency']} | {name} | "
+                             f"{row['status']} | | | | | |")
+                continue
+            tokens, least = row["tokens_per_doc"], floor.get("tokens_per_doc")
+            versus = "-" if tokens is None or not least else f"{tokens / least:.2f}"
+            lines.append(
+                f"| {cell['fields']} | {cell['concurrency']} | {name} | {row['docs_per_s']:.2f} | "
+                f"{_ratio(row['docs_per_s'], ar.get('docs_per_s'))} | "
+                f"{row['median_s']:.3f} | {_ratio(ar.get('median_s'), row['median_s'])} | "
+                f"{'-' if tokens is None else round(tokens)} | {versus} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = sorted({c["fields"] for c in results["cells"]})
+    fig, axes = plt.subplots(1, len(fields), figsize=(5 * len(fields), 4), squeeze=False)
+    for ax, n in zip(axes[0], fields):
+        mine = [c for c in results["cells"] if c["fields"] == n]
+        for name in mine[0]["rows"]:
+            points = [(c["concurrency"], c["rows"][name]["docs_per_s"]) for c in mine
+                      if c["rows"][name].get("docs_per_s")]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=name)
+        ax.set(title=f"{n} fields", xlabel="concurrent clients", ylabel="documents / s",
+               xscale="log", yscale="log")
+        ax.set_xticks([c["concurrency"] for c in mine], [str(c["concurrency"]) for c in mine])
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"vllm-pcd throughput, higher is better\n{results['serving']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from vllm_pcd.models import default_model_path
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_throughput",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
+    parser.add_argument("--model", default=str(default_model_path()))
+    parser.add_argument("--quick", action="store_true", help="4 documents, 3 fields, c=1,2")
+    parser.add_argument("--docs", type=int, default=64)
+    parser.add_argument("--sequential-docs", type=int, default=16)
+    parser.add_argument("--fields", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--out", type=Path, help="output path without suffix "
+                        "(default benchmarks/results/throughput[-quick])")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.docs, args.sequential_docs, args.fields, args.concurrency = 4, 2, [3], [1, 2]
+    args.out = args.out or RESULTS / ("throughput-quick" if args.quick else "throughput")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    results = run_on_server(args, run)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(results, args.out.with_suffix(".png"))
+    print(table(results))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Evaluation cases built from public data, on synthetic task files: no test may depend on the
+downloaded data."""
+
+import pytest
+
+from benchmarks import public_data
+from vllm_pcd.schema import parse_schema
+
+YES_NO = {"description": "d", "examples": [
+    {"input": "Is water wet?", "target_scores": {"Yes": 1, "No": 0}},
+    {"input": "Is fire cold?", "target_scores": {"Yes": 0, "No": 1}},
+    {"input": "Two answers?", "target_scores": {"Yes": 1, "No": 1}},  # not single-answer
+]}
+BBQ = {"examples": [
+    {"input": "Ann and Bob met. Ann was late. Who was late?",
+     "target_scores": {"Ann": 1, "Bob": 0, "Unknown": 0}},
+    {"input": "Ann and Bob met. Ann was late. Who was on time?",
+     "target_scores": {"Ann": 0, "Bob": 1, "Unknown": 0}},
+    {"input": "Cy and Di met. Who left?", "target_scores": {"Cy": 0, "Di": 0, "Unknown": 1}},
+]}
+
+
+@pytest.fixture
+def tasks(monkeypatch):
+    files = {"strategyqa": YES_NO, "other/sub": BBQ}
+    files.update({f"bbq_lite_json/{c}_{k}": BBQ if (c, k) == ("age", "ambig") else {"examples": []}
+                  for c in public_data.BBQ_CATEGORIES for k in ("ambig", "disambig")})
+    monkeypatch.setattr(public_data, "bigbench_tasks", lambda names: [files[n] for n in names])
+
+
+def test_yes_no_tasks_become_booleans(tasks):
+    cases = list(public_data.bigbench("strategyqa"))
+    assert [c["expected"] for c in cases] == [{"answer_is_yes": True}, {"answer_is_yes": False}]
+    assert cases[0]["schema"]["properties"]["answer_is_yes"]["type"] == "boolean"
+    for case in cases:
+        parse_schema(case["schema"])
+
+
+def test_other_tasks_keep_each_examples_options(tasks):
+    cases = list(public_data.bigbench("other/sub"))
+    assert cases[2]["schema"]["properties"]["answer"]["enum"] == ["Cy", "Di", "Unknown"]
+    assert cases[2]["expected"] == {"answer": "Unknown"}
+
+
+def test_bbq_pairs_ask_both_questions_of_one_context(tasks):
+    [case] = public_data.bbq_pairs()  # the lone question of the second context is left out
+    assert case["message"] == "Ann and Bob met. Ann was late."
+    props = case["schema"]["properties"]
+    assert props["answer_2"]["description"] == "The answer to: Who was on time?"
+    assert case["expected"] == {"answer_1": "Ann", "answer_2": "Bob"}
+
+
+def test_sampling_is_fixed_by_the_seed(tasks):
+    first = public_data.load("bigbench:strategyqa", 1)
+    assert first == public_data.load("bigbench:strategyqa", 1)
