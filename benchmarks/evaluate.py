@@ -34,8 +34,8 @@ from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_cali
 from vllm_pcd.plan import DEFAULT_LAYOUT, LAYOUTS
 
 DEFAULT_DATA = public_data.DEV
-DEFAULT_METHODS = ["pcd_token", "pcd_token_json_next", "pcd_token_cf", "pcd_sequence",
-                   "ar_json"]
+DEFAULT_METHODS = ["pcd_token", "pcd_token_json", "pcd_token_json_next", "pcd_token_cf",
+                   "pcd_sequence", "ar_json"]
 BASELINE = "ar_json"
 # Sources the formulation was tuned on: reported, but pooled only when nothing else is given.
 TUNED = {"dev"}

@@ -22,8 +22,8 @@ from typing import Any, Awaitable, Callable, Iterator
 import openai
 
 from vllm_pcd.models import fast_dtype
-from vllm_pcd.plan import (DEFAULT_LAYOUT, FieldPlan, Plan, build_plan, instruction_text,
-                           with_instruction)
+from vllm_pcd.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, FieldPlan, Plan, build_plan,
+                           instruction_text, with_instruction)
 from vllm_pcd.schema import SchemaSpec, parse_schema
 from vllm_pcd.sequence import node_lookup
 
@@ -112,7 +112,7 @@ def _error_text(err: openai.APIStatusError) -> str:
 
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
-              formulation: str = "json", calibration: str = "none") -> Outcome:
+              formulation: str = DEFAULT_FORMULATION, calibration: str = "none") -> Outcome:
     options = {"pcd_schema": task.schema, "pcd_mode": mode, "pcd_formulation": formulation,
                "pcd_layout": task.layout, "pcd_calibration": calibration}
     try:
@@ -145,15 +145,20 @@ async def pcd_token_json_next(client: Client, task: Task, salt: str) -> Outcome:
     return await pcd(client, task, salt, formulation="json_next")
 
 
+async def pcd_token_json_tight(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, values as compact JSON writes them (`{"name":true`), unique prefixes."""
+    return await pcd(client, task, salt, formulation="json_tight")
+
+
 async def pcd_token_cf(client: Client, task: Task, salt: str) -> Outcome:
     """Token mode with content-free calibration (under a fresh salt its prior is computed in
     the same engine steps as the document, so it costs tokens, not latency)."""
     return await pcd(client, task, salt, calibration="content_free")
 
 
-async def pcd_token_json_prefix(client: Client, task: Task, salt: str) -> Outcome:
-    """Token mode, every value up to its unique prefix (booleans: their first token)."""
-    return await pcd(client, task, salt, formulation="json_prefix")
+async def pcd_token_json(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, enum values up to their unique prefix, booleans whole plus a newline."""
+    return await pcd(client, task, salt, formulation="json")
 
 
 def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
@@ -282,7 +287,8 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_sequence": pcd_sequence,
     "pcd_token_codes": pcd_token_codes,
     "pcd_token_json_next": pcd_token_json_next,
-    "pcd_token_json_prefix": pcd_token_json_prefix,
+    "pcd_token_json": pcd_token_json,
+    "pcd_token_json_tight": pcd_token_json_tight,
     "pcd_token_cf": pcd_token_cf,
     "ar_json": ar_json,
     "per_field": per_field,
@@ -290,7 +296,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "floor": floor,
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
-             "pcd_token_json_prefix", "pcd_token_cf", "ar_json", "per_field", "systemone")
+             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "ar_json", "per_field", "systemone")
 
 
 async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:

@@ -57,7 +57,8 @@ def worst(a, b):
 def test_engine_restricts_only_scores_renormalised_at_one_position(tokenizer):
     codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
                        formulation="codes")
-    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE))
+    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
+                      formulation="json")
     fields = [s.field_index for s in json.scorings()]
     # the cases this test is about: values sharing leading tokens, a sequence-mode field, a
     # boolean scored with its terminator (three requests)
@@ -111,8 +112,9 @@ def test_codes_match_full_head_and_fp32_reference(fp32_llm, reference_model, mon
 
 
 def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
-    full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off")
-    restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on")
+    full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off", formulation="json")
+    restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on",
+                               formulation="json")
     assert rows == sum(restrictable(restricted.plan)) == 1
     assert restricted.diagnostics()["projection"] == {"route": "torch", "restricted_requests": 1,
                                                       "fallbacks": 0}

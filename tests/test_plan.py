@@ -130,7 +130,7 @@ def test_instruction_lists_every_option_with_its_code():
 
 def test_json_formulation_continues_the_assistants_own_object(tokenizer):
     plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
-                      [{"role": "user", "content": MESSAGE}])
+                      [{"role": "user", "content": MESSAGE}], formulation="json")
     text = tokenizer.decode(list(plan.shared_ids))
     assert '- topic: "billing", "technical", "shipping", "account"' in text
     assert "- urgent (Whether the customer needs help today): true, false" in text
@@ -152,12 +152,16 @@ def test_json_formulation_continues_the_assistants_own_object(tokenizer):
 
 def test_json_formulation_requests(tokenizer):
     """An enum whose values differ at the first token needs one request; a boolean three
-    (its first token, then the terminator after each value)."""
+    (its first token, then the terminator after each value). By default (unique prefixes)
+    the boolean needs one too."""
     spec = parse_schema(SUPPORT_SCHEMA)
-    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], formulation="json")
     assert [fp.field.kind for fp in plan.fields] == ["enum", "boolean"]
     assert [len(fp.nodes) for fp in plan.fields] == [1, 3]
     assert len(plan.scorings()) == 4
+    default = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
+    assert [len(fp.nodes) for fp in default.fields] == [1, 1]
+    assert not any(fp.terminated for fp in default.fields)
 
 
 def test_branch_stems():

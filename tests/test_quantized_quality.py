@@ -7,7 +7,7 @@ import torch
 
 from benchmarks import quantized_quality as qq
 from benchmarks.evaluate import DEFAULT_DATA, load_cases
-from vllm_pcd.plan import build_plan
+from vllm_pcd.plan import DEFAULT_FORMULATION, build_plan
 from vllm_pcd.schema import parse_schema
 
 ROUTES = {k: qq.ROUTES[k] for k in ("torch/fp32", "torch/bf16", "w8a8-torch", "w4a8-torch",
@@ -32,7 +32,7 @@ def test_report(model, tokenizer, cases):
     assert report["cases"] == 2 and report["reference"] == "torch/fp32"
     assert report["routes"]["w8a8-torch"] == "w8a8-torch"
     assert "cannot run here" in report["skipped_routes"]["w4a8-flaggems"]  # x86: probed, refused
-    assert set(report["formulations"]) == {"json", "codes"}
+    assert set(report["formulations"]) == {DEFAULT_FORMULATION, "codes"}
     for form in report["formulations"].values():
         assert 0 < form["served"] <= form["fields"]
         rows = form["compared"]

@@ -57,11 +57,12 @@ def _value_texts(fp, formulation):
     stem = branch_text(fp.field, formulation)
     if isinstance(fp, FieldPlan):
         return [stem + code for code in fp.codes]
-    return [stem + serialize(option, fp.terminator or "") for option in fp.field.options]
+    return [stem + serialize(option, fp.terminator or "", fp.space) for option in fp.field.options]
 
 
 @pytest.mark.parametrize("formulation,mode", [("json", "token"), ("json", "sequence"),
-                                              ("codes", "token"), ("json_next", "token")])
+                                              ("codes", "token"), ("json_next", "token"),
+                                              ("json_tight", "token")])
 def test_branch_ids_are_the_tokenization_of_the_whole_text(sp_tokenizer, formulation, mode):
     spec = parse_schema(SIX_FIELD_SCHEMA)
     plan = build_plan(sp_tokenizer, spec, [{"role": "user", "content": MESSAGE}],

@@ -27,8 +27,9 @@ NORMALIZATIONS = ("sum", "mean")
 MAX_IDS_PER_REQUEST = 128
 
 
-def serialize(value: Any, terminator: str = "\n") -> str:
-    return " " + json.dumps(value, ensure_ascii=False) + terminator
+def serialize(value: Any, terminator: str = "\n", space: str = " ") -> str:
+    """`space` separates the value from its key's colon."""
+    return space + json.dumps(value, ensure_ascii=False) + terminator
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -54,6 +55,7 @@ class SequenceFieldPlan:
     field: Any  # FieldSpec
     mode: str   # "sequence": whole candidates; "token": each up to its unique prefix
     terminator: str | None  # scored after each whole value; None: unique prefixes only
+    space: str  # written between the stem and each value
     stem_ids: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...]  # stem + value tokens, jointly tokenized
     score_from: tuple[int, ...]              # first scored position of each candidate
@@ -89,18 +91,19 @@ def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
     return cut
 
 
-def candidate_texts(field: Any, stem: str, terminator: str | None) -> list[str]:
+def candidate_texts(field: Any, stem: str, terminator: str | None, space: str = " "
+                    ) -> list[str]:
     """The continuations of the context a field's plan tokenizes: its stem, then each value."""
-    return [stem, *(stem + serialize(option, terminator or "") for option in field.options)]
+    return [stem, *(stem + serialize(option, terminator or "", space) for option in field.options)]
 
 
 def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "sequence",
-                         terminator: str | None = "\n") -> SequenceFieldPlan:
+                         terminator: str | None = "\n", space: str = " ") -> SequenceFieldPlan:
     """`encode` gives the tokens a continuation of the context adds (see `candidate_texts`).
     Sequence mode always scores whole values and their terminator."""
     if mode == "sequence" and terminator is None:
         terminator = "\n"
-    stem_ids, *values = (encode(text) for text in candidate_texts(field, stem, terminator))
+    stem_ids, *values = (encode(text) for text in candidate_texts(field, stem, terminator, space))
     candidates, starts = [], []
     for option, ids in zip(field.options, values):
         # Normally the stem's tokens survive intact; if the value merges into the stem's last
@@ -132,7 +135,7 @@ def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "
         for at in range(0, len(ids), MAX_IDS_PER_REQUEST):
             part = ids[at:at + MAX_IDS_PER_REQUEST]
             nodes.append(Node(prefix, tuple(part), sum(kids[t] for t in part)))
-    return SequenceFieldPlan(field, mode, terminator, tuple(stem_ids), tuple(candidates),
+    return SequenceFieldPlan(field, mode, terminator, space, tuple(stem_ids), tuple(candidates),
                              tuple(starts), tuple(nodes))
 
 
