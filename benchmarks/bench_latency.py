@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -24,7 +23,8 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.methods import (ANSWERING, METHODS, Client, Outcome, Task, load_tokenizer,
-                                make_task, provenance, run_method, run_on_server)
+                                make_task, provenance, publish, run_method, run_on_server,
+                                save_figure)
 from benchmarks.metrics import is_schema_valid, median, p90
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -225,9 +225,7 @@ def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"vllm-pcd latency per method, lower is better\n{title}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _cell_text(row: dict[str, Any]) -> str:
@@ -350,10 +348,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results = run_on_server(args, run)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    plot(results["cells"], args.methods, results["serving"], args.out.with_suffix(".png"))
-    print(table(results))
-    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    publish(args.out, results,
+            lambda path: plot(results["cells"], args.methods, results["serving"], path), table)
     return results
 
 

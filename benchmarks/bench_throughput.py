@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
 from benchmarks.methods import (Client, Outcome, Task, load_tokenizer, make_task, provenance,
-                                run_method, run_on_server)
+                                publish, run_method, run_on_server, save_figure)
 from benchmarks.metrics import is_schema_valid, median
 
 # (method, layout) rows; AR JSON gets PCD's default layout, so it shares the prefix cache too.
@@ -160,9 +159,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"vllm-pcd throughput, higher is better\n{results['serving']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -189,10 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results = run_on_server(args, run)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    plot(results, args.out.with_suffix(".png"))
-    print(table(results))
-    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    publish(args.out, results, lambda path: plot(results, path), table)
     return results
 
 

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from benchmarks import public_data
 from benchmarks.methods import (METHODS, Client, Outcome, load_tokenizer, make_task, provenance,
-                                run_method, run_on_server)
+                                run_method, run_on_server, save_figure)
 from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_calibration_error,
                                 field_accuracy, first_option_share, median, p90,
                                 paired_bootstrap, reliability, true_share, valid_rate)
@@ -219,9 +219,7 @@ def plot_reliability(results: dict[str, Any], path: Path) -> None:
     ax.set(xlabel="probability of the returned value", ylabel="share correct", xlim=(0, 1),
            ylim=(0, 1), title=f"{Path(results['model']).name}: {results['overall']['cases']} cases")
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -333,6 +333,23 @@ def provenance() -> dict[str, Any]:
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def publish(out: Path, results: dict[str, Any], plot: Callable[[Path], None],
+            table: Callable[[dict[str, Any]], str]) -> None:
+    """A benchmark's results beside `out`: JSON and PNG, then its table on stdout."""
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(out.with_suffix(".png"))
+    print(table(results))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
 def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, Any]]]
                   ) -> dict[str, Any]:
     """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
