@@ -64,9 +64,9 @@ FORMULATIONS = {
     "codes": Formulation(CODES_HEADER, False),
 }
 # Picked on the public tasks (benchmarks.evaluate, Qwen2.5-Coder-1.5B, 900 cases): unique
-# prefixes 62.8% field accuracy, the newline terminator 59.5% (it leans to `false` there:
-# 24% `true` against 49% in the gold, though it won on the dev set it was tuned on), whole
-# values with the object's next character 62.3%; AR JSON 63.7%. It is also the cheapest: one
+# prefixes 60.9% field accuracy, the newline terminator 56.5% (it leans to `false` there:
+# 21% `true` against 49% in the gold, though it won on the dev set it was tuned on), whole
+# values with the object's next character 60.0%; AR JSON 61.2%. It is also the cheapest: one
 # request per field, on the restricted head.
 DEFAULT_FORMULATION = "json_prefix"
 DEFAULT_LAYOUT = "document_first"
