@@ -196,6 +196,7 @@ def test_metrics_count_pcd_requests(http, model):
     assert "pcd_request_latency_seconds_bucket" in text and "pcd_tokens_computed_total" in text
     assert metric(http, 'pcd_requests_total{mode="token",outcome="ok"}') == ok_before + 1
     assert metric(http, 'pcd_requests_total{mode="token",outcome="rejected"}') == rejected_before + 1
-    # BASE's enum field is one restricted request, measured from the engine's outputs.
-    assert metric(http, restricted) == restricted_before + 1
+    # BASE's enum and boolean fields are one restricted request each (the default formulation
+    # scores both up to their unique first token), measured from the engine's outputs.
+    assert metric(http, restricted) == restricted_before + 2
     assert metric(http, fallbacks) == fallbacks_before
