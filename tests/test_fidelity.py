@@ -107,3 +107,17 @@ def test_the_offline_prior_is_the_schemas_answer_about_an_empty_document(fp32_ll
                         cache_salt="offline-prior")
     assert again.calibration["prior_cached"] is True
     assert again.object == results[0].object
+
+
+def test_documents_with_different_system_turns_get_their_own_priors(fp32_llm):
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": MESSAGE}]
+             for system in ("You are a billing assistant.", "Answer tersely.")]
+    results = constrained(fp32_llm, chats, SUPPORT_SCHEMA, calibration="content_free",
+                          cache_salt="two-system-turns")
+    for chat, result in zip(chats, results):
+        alone = constrained(fp32_llm, [chat[0], {"role": "user", "content": "N/A"}],
+                            SUPPORT_SCHEMA, cache_salt="two-system-turns-alone")
+        priors = [c["prior_score"] for c in result.fields[1].diagnostics()["candidates"]]
+        assert priors == pytest.approx(list(alone.fields[1].scores), abs=TOLERANCE)
+    assert results[0].fields[1].diagnostics()["candidates"][0]["prior_score"] != \
+        results[1].fields[1].diagnostics()["candidates"][0]["prior_score"]

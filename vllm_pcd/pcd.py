@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -195,20 +196,26 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         start = time.perf_counter()
         plans = [plan_of(as_messages(doc)) for doc in todo[at:at + DOCUMENTS_PER_CALL]]
         plan_s = (time.perf_counter() - start) / len(plans)
-        prior_plan = key = prior = None
-        if calibration == "content_free":  # one prior per system prompt in the batch
-            prior_plan = plan_of(content_free_messages(as_messages(todo[at])))
-            key = prior_key(prior_plan, normalization, cache_salt)
-            cached = PRIORS.get(key)
-            prior = None if cached is None else Prior(cached, True, 0)
-        extra = [prior_plan] if prior_plan is not None and prior is None else []
-        executions = run_offline(llm, plans + extra,
+        # One prior per distinct content-free conversation (the documents' system turns).
+        empties = [content_free_messages(as_messages(doc)) for doc in todo[at:at + len(plans)]]
+        wanted: dict[str, Any] = {}
+        if calibration == "content_free":
+            for empty in empties:
+                wanted.setdefault(json.dumps(empty, sort_keys=True), empty)
+        prior_plans = {text: plan_of(empty) for text, empty in wanted.items()}
+        keys = {text: prior_key(plan, normalization, cache_salt)
+                for text, plan in prior_plans.items()}
+        priors = {text: Prior(cached, True, 0) for text, key in keys.items()
+                  if (cached := PRIORS.get(key)) is not None}
+        missing = [text for text in prior_plans if text not in priors]
+        executions = run_offline(llm, plans + [prior_plans[t] for t in missing],
                                  branches_per_batch=limits.max_branches_per_batch,
                                  cache_salt=cache_salt)
-        if extra:
-            prior = _prior(prior_plan, executions.pop(), normalization, key)
-        results += [finish(spec, plan, execution, plan_s, normalization, route, prior)
-                    for plan, execution in zip(plans, executions)]
+        for text, execution in zip(missing, executions[len(plans):]):
+            priors[text] = _prior(prior_plans[text], execution, normalization, keys[text])
+        results += [finish(spec, plan, execution, plan_s, normalization, route,
+                           priors.get(json.dumps(empty, sort_keys=True)))
+                    for plan, execution, empty in zip(plans, executions, empties)]
     return results if many else results[0]
 
 
