@@ -52,9 +52,11 @@ sampling = st.dictionaries(st.sampled_from(
 
 
 def bounded(body):
-    """A body that passes validation must stay small: at most 2 generated tokens, 2 choices."""
+    """A body that passes validation must stay small: at most 2 generated tokens, 2 choices.
+    A null `max_tokens` is valid and means "up to the context length", so it is bounded too."""
     for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > 2:
+        value = body.get(key, 0)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 2):
             body[key] = 2
     if isinstance(body.get("n"), int) and body["n"] > 2:
         body["n"] = 2

@@ -136,8 +136,8 @@ def test_json_formulation_continues_the_assistants_own_object(tokenizer):
     assert "- urgent (Whether the customer needs help today): true, false" in text
     assert all(isinstance(fp, SequenceFieldPlan) and fp.mode == "token" for fp in plan.fields)
     for fp in plan.fields:
-        stem = tokenizer.decode(list(fp.candidates[0][:fp.score_from[0]]))
-        assert stem.startswith(branch_text(fp.field, "json"))
+        stem = tokenizer.decode([*plan.shared_ids, *fp.candidates[0][:fp.score_from[0]]])
+        assert stem.split("<|im_start|>assistant\n")[-1].startswith(branch_text(fp.field, "json"))
         assert fp.terminated == (fp.field.kind == "boolean")
         if fp.terminated:  # booleans: the whole value and the terminator
             assert [tokenizer.decode(list(seq[start:]))
@@ -222,3 +222,26 @@ def test_value_ends_per_formulation(tokenizer):
              "required": ["refund_requested"]}
     assert endings(alone, "json_next")["refund_requested"] == [" true}", " false}"]
     assert endings(SUPPORT_SCHEMA, "json_prefix")["refund_requested"] == [" true", " false"]
+
+
+@pytest.mark.parametrize("layout", ["document_first", "schema_first"])
+@pytest.mark.parametrize("formulation", ["json_prefix", "json", "json_next"])
+def test_tokens_every_branch_opens_with_are_computed_once_in_the_shared_context(
+        tokenizer, formulation, layout):
+    plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
+                      [{"role": "user", "content": MESSAGE}], formulation=formulation,
+                      layout=layout)
+    text = tokenizer.decode(list(plan.shared_ids))
+    assert text.endswith('<|im_start|>assistant\n{"'), text[-40:]
+    # every scoring still adds tokens of its own, and no branch starts with the opening again
+    assert all(s.suffix_ids for s in plan.scorings())
+    assert not any(tokenizer.decode(list(s.suffix_ids)).startswith('{"') for s in plan.scorings())
+
+
+def test_a_single_field_keeps_a_token_of_its_own_in_every_branch(tokenizer):
+    schema = {"type": "object", "properties": {"urgent": {"type": "boolean"}},
+              "required": ["urgent"], "additionalProperties": False}
+    for formulation in ("json_prefix", "json", "codes"):
+        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}],
+                          formulation=formulation)
+        assert all(s.suffix_ids for s in plan.scorings()), formulation

@@ -268,15 +268,27 @@ class InContext:
     the whole text (context + continuation): exactly what the model reads. Tokenizing a
     branch on its own would differ wherever a tokenizer treats the start of a text
     specially (a SentencePiece dummy prefix writes `▁{`) or merges across the boundary.
-    The shared context is the longest token prefix every whole text keeps."""
 
-    def __init__(self, tokenizer: Tokenizer, text: str, continuations: Sequence[str]):
+    The shared context is the longest token prefix every whole text keeps, and it may run
+    past the rendered text: tokens every branch begins with (the `{"` that opens each JSON
+    stem) are then computed once, in the prefill, instead of once per branch. Each group is
+    one field's continuations, its stem first; the shared context stops short of the last
+    token a stem shares with each of its values, so that every branch and every value still
+    adds a token of its own."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str, groups: Sequence[Sequence[str]]):
         # The template writes any BOS itself; adding special tokens again would double it.
         context = tokenizer.encode(text, add_special_tokens=False)
         whole = {c: tokenizer.encode(text + c, add_special_tokens=False)
-                 for c in dict.fromkeys(continuations)}
-        keep = min([len(context), *(common_prefix(context, ids) for ids in whole.values())])
-        self.shared_ids = tuple(context[:keep])
+                 for group in groups for c in group}
+        first = next(iter(whole.values()))
+        agreed = min(common_prefix(first, ids) for ids in whole.values())
+        keep = min(len(context), common_prefix(context, first), agreed)
+        if keep == len(context):
+            own = [common_prefix(whole[group[0]], whole[c]) - 1
+                   for group in groups for c in group[1:]]
+            keep = max(keep, min([agreed, *own, *(len(ids) - 1 for ids in whole.values())]))
+        self.shared_ids = tuple(first[:keep])
         self._added = {c: tuple(ids[keep:]) for c, ids in whole.items()}
 
     def __call__(self, continuation: str) -> tuple[int, ...]:
@@ -365,7 +377,7 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
     rendered = render_text(tokenizer, with_instruction(messages, instruction, layout),
                            template_kwargs, chat_template)
-    encode = InContext(tokenizer, rendered, [c for t in texts for c in t.continuations()])
+    encode = InContext(tokenizer, rendered, [t.continuations() for t in texts])
     plan = Plan(encode.shared_ids, tuple(_field_plan(encode, t, limits) for t in texts))
     requests = 1 + len(plan.scorings())  # the shared context, then every scoring request
     if requests > limits.max_engine_requests:
