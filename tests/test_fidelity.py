@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from tests.test_decisions import SYSTEMONE
 from vllm_pcd import constrained
+from vllm_pcd.decision_protocol import SystemOneRequest
+from vllm_pcd.decisions import Read, systemone_answer, systemone_request, to_schema
 
 TOLERANCE = 1e-4
 
@@ -60,16 +63,41 @@ def test_json_first_token_scores_match_fp32_reference(fp32_llm, reference_model,
     result = constrained(fp32_llm, MESSAGE, schema)
     assert result.execution.backbone_calls == 2
     for fp, fr in zip(result.plan.fields, result.fields):
-        sums = []
-        for seq, start in zip(fp.candidates, fp.score_from):
-            ids = [*result.plan.shared_ids, *seq]
-            with torch.no_grad():
-                logp = torch.log_softmax(reference_model(torch.tensor([ids])).logits[0].double(), -1)
-            offset = len(result.plan.shared_ids)
-            sums.append(sum(logp[offset + j - 1, seq[j]].item() for j in range(start, len(seq))))
+        sums = reference_candidate_sums(reference_model, result.plan.shared_ids, fp)
         expected = (torch.tensor(sums) - torch.logsumexp(torch.tensor(sums), 0)).tolist()
         worst = max(abs(a - b) for a, b in zip(fr.scores, expected))
         assert worst < TOLERANCE, f"{fp.field.name}: {fr.scores} vs {expected}"
+
+
+def reference_candidate_sums(model, shared_ids, fp):
+    """Each candidate's full-vocabulary log-probability over its scored tokens."""
+    sums = []
+    for seq, start in zip(fp.candidates, fp.score_from):
+        with torch.no_grad():
+            logits = model(torch.tensor([[*shared_ids, *seq]])).logits[0].double()
+        logp = torch.log_softmax(logits, -1)
+        offset = len(shared_ids)
+        sums.append(sum(logp[offset + j - 1, seq[j]].item() for j in range(start, len(seq))))
+    return sums
+
+
+def test_a_decision_request_matches_the_fp32_reference(fp32_llm, reference_model):
+    """A `/v1/systemone` body (yes/no, choice, score) mapped as the route maps it and scored
+    on the full LM head: each answer's probabilities and its label mass (the options' share
+    of the whole vocabulary) against the FP32 forward."""
+    questions, messages = systemone_request(SystemOneRequest.model_validate(SYSTEMONE))
+    result = constrained(fp32_llm, messages, to_schema(questions), full_vocabulary=True)
+    assert result.execution.backbone_calls == 2
+    assert not any(b.restricted for b in result.execution.branches)
+    for q, fp, fr in zip(questions, result.plan.fields, result.fields):
+        read = Read.of(q, fr.field.options, fr.scores, fr.extra)
+        sums = torch.tensor(reference_candidate_sums(reference_model, result.plan.shared_ids, fp))
+        expected = torch.softmax(sums, 0).tolist()
+        assert max(abs(a - b) for a, b in zip(read.probabilities, expected)) < TOLERANCE, q.id
+        assert abs(read.label_mass - sums.exp().sum().item()) < TOLERANCE, q.id
+        assert 0 < read.label_mass < 1
+        answer = systemone_answer(q, read)
+        assert answer["confidence"] == pytest.approx(max(expected) * read.label_mass, abs=TOLERANCE)
 
 
 def test_a_list_of_documents_is_batched_and_each_matches_the_reference(fp32_llm, reference_model):

@@ -39,6 +39,7 @@ class RequestReport:
     logprobs: dict[int, float]
     asked_restricted: bool = False  # it asked for the restricted LM head (and the probe)
     restricted: bool = False  # the worker projected its LM head onto the allowed ids only
+    sampled: int | None = None  # the greedy token it produced (the argmax of its head)
 
     @property
     def computed_tokens(self) -> int:
@@ -92,6 +93,7 @@ def _report(output: Any, wanted: Sequence[int] = (), probe: int | None = None) -
         logprobs=logprobs,
         asked_restricted=probe is not None,
         restricted=restricted,
+        sampled=completion.token_ids[0] if completion.token_ids else None,
     )
 
 
@@ -112,11 +114,15 @@ def prefill_params(shared_len: int | None = None) -> SamplingParams:
                                                            else ())))
 
 
-def restrictable(plan: Plan) -> list[bool]:
+def restrictable(plan: Plan, full_vocabulary: bool = False) -> list[bool]:
     """Per scoring: whether its scores are renormalised over exactly its token ids at one
     position (a token-mode field this request scores alone), so the LM head may project onto
-    those ids only. Sequence-mode and multi-node fields need full-vocabulary log-probabilities."""
+    those ids only. Sequence-mode and multi-node fields need full-vocabulary log-probabilities,
+    and so does every scoring when the caller wants the mass outside the options
+    (`full_vocabulary`)."""
     scorings = plan.scorings()
+    if full_vocabulary:
+        return [False] * len(scorings)
     requests = Counter(s.field_index for s in scorings)
     token_mode = [isinstance(fp, FieldPlan) or fp.mode == "token" for fp in plan.fields]
     return [requests[s.field_index] == 1 and token_mode[s.field_index] for s in scorings]
@@ -185,13 +191,14 @@ def fork_lengths(scorings: Sequence[Scoring], shared_len: int, chained: bool) ->
     return lengths
 
 
-def branch_batches(plan: Plan, group_id: str, branches_per_batch: int,
-                   cache_salt: str | None) -> list[list[tuple[int, TokensPrompt, SamplingParams]]]:
+def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_salt: str | None,
+                   full_vocabulary: bool = False
+                   ) -> list[list[tuple[int, TokensPrompt, SamplingParams]]]:
     """Every scoring request, in the batches it runs in: (scoring index, prompt, params).
     Each batch is tagged as one admission group, so one engine step takes it whole."""
     shared_len = len(plan.shared_ids)
     scorings = plan.scorings()
-    restrict = restrictable(plan)
+    restrict = restrictable(plan, full_vocabulary)
     chained = chained_tries()
     forks = fork_lengths(scorings, shared_len, chained)
     batches = []
@@ -205,15 +212,15 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int,
 
 
 def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, mid: float,
-               end: float) -> Execution:
-    restrict = restrictable(plan)
+               end: float, full_vocabulary: bool = False) -> Execution:
+    restrict = restrictable(plan, full_vocabulary)
     branches = tuple(_report(o, s.token_ids, probe_id(s.token_ids) if r else None)
                      for o, s, r in zip(outputs, plan.scorings(), restrict))
     return Execution(_report(prefill), branches, mid - start, end - mid)
 
 
 def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
-                cache_salt: str | None = None) -> list[Execution]:
+                cache_salt: str | None = None, full_vocabulary: bool = False) -> list[Execution]:
     """Blocking execution of many plans on a `vllm.LLM`: every shared context in one
     `generate` call, then the k-th branch batch of every plan in one call, so vLLM batches
     the documents together (two backbone calls for a whole list, trie levels aside)."""
@@ -223,8 +230,8 @@ def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
     mid = time.perf_counter()
     outputs: list[list[Any]] = [[None] * len(p.scorings()) for p in plans]
     group_id = f"pcd-offline-{uuid.uuid4().hex}"
-    per_plan = [branch_batches(p, f"{group_id}-{k}", branches_per_batch, cache_salt)
-                for k, p in enumerate(plans)]
+    per_plan = [branch_batches(p, f"{group_id}-{k}", branches_per_batch, cache_salt,
+                               full_vocabulary) for k, p in enumerate(plans)]
     for number in range(max(len(b) for b in per_plan)):
         wave = [(k, i, prompt, params) for k, batches in enumerate(per_plan)
                 if number < len(batches) for i, prompt, params in batches[number]]
@@ -232,7 +239,7 @@ def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
         for (k, i, _, _), output in zip(wave, done):
             outputs[k][i] = output
     end = time.perf_counter()
-    return [_execution(p, prefill, out, start, mid, end)
+    return [_execution(p, prefill, out, start, mid, end, full_vocabulary)
             for p, prefill, out in zip(plans, prefills, outputs)]
 
 
@@ -247,7 +254,8 @@ async def _final(stream: AsyncIterator[Any]) -> Any:
 
 async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                      request_id: str | None = None, cache_salt: str | None = None,
-                     data_parallel_rank: int | None = None) -> Execution:
+                     data_parallel_rank: int | None = None,
+                     full_vocabulary: bool = False) -> Execution:
     """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
     aborts every request still in flight: vLLM aborts a request whose stream is closed.
     With several data-parallel engines, `data_parallel_rank` pins every request to one, where
@@ -260,7 +268,7 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                                            **pinned))
     mid = time.perf_counter()
     outputs: list[Any] = [None] * len(plan.scorings())
-    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):
+    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt, full_vocabulary):
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
             tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}",
@@ -268,4 +276,4 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                      for i, prompt, params in batch}
         for i, task in tasks.items():
             outputs[i] = task.result()
-    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())
+    return _execution(plan, prefill, outputs, start, mid, time.perf_counter(), full_vocabulary)

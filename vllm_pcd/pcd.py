@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from vllm_pcd import internals
 from vllm_pcd.assemble import FieldResult, assemble, field_result, to_json
 from vllm_pcd.calibration import (DEFAULT_CALIBRATION, PriorCache, calibrate, check_calibration,
                                   content_free_messages, prior_key)
-from vllm_pcd.engine import Execution, run_offline, run_online
+from vllm_pcd.engine import Execution, RequestReport, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FieldPlan, Plan, build_plan
 from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
@@ -83,27 +84,47 @@ class PCDResult:
         }
 
 
-def _token_result(fp: FieldPlan, got: dict[int, float]) -> FieldResult:
-    return field_result(fp.field, [got[t] for t in fp.code_ids],
-                        {"mode": "token", "codes": [c.strip() for c in fp.codes]})
+def _vocabulary_extra(reports: Sequence[RequestReport], first: RequestReport, allowed: set[int],
+                      option_logprobs: Sequence[float]) -> dict[str, Any]:
+    """Where the field was scored on the full LM head: the probability its options hold over
+    the whole vocabulary (`label_mass`), and whether the greedy first token is one of them.
+    On the restricted head both are trivially 1 and true, so they are left out."""
+    if any(r.restricted or r.asked_restricted for r in reports):
+        return {}
+    return {"label_mass": sum(math.exp(lp) for lp in option_logprobs),
+            "argmax_is_label": first.sampled in allowed}
 
 
-def _sequence_result(fp: SequenceFieldPlan, node_results: list[dict[int, float]],
+def _token_result(fp: FieldPlan, report: RequestReport) -> FieldResult:
+    raw = [report.logprobs[t] for t in fp.code_ids]
+    return field_result(fp.field, raw,
+                        {"mode": "token", "codes": [c.strip() for c in fp.codes],
+                         **_vocabulary_extra([report], report, set(fp.code_ids), raw)})
+
+
+def _sequence_result(fp: SequenceFieldPlan, reports: list[RequestReport],
                      normalization: str) -> FieldResult:
-    sums = fp.candidate_logprobs(node_lookup(fp.nodes, node_results))
+    sums = fp.candidate_logprobs(node_lookup(fp.nodes, [r.logprobs for r in reports]))
     if fp.mode == "token":  # unique prefixes: the joint probability is the score
         normalization = "sum"
     normalized = fp.scores(sums, normalization)
     per_candidate = [{"logprob_sum": total, "tokens": fp.value_tokens(i),
                       "normalized": normalized[i]} for i, total in enumerate(sums)]
+    # the first scored position: the nodes with the shortest prefix (one request per chunk)
+    root = min(len(n.prefix) for n in fp.nodes)
+    first = [n for n in fp.nodes if len(n.prefix) == root]
+    allowed = {t for n in first for t in n.children}
     return field_result(fp.field, normalized,
-                        {"mode": fp.mode, "normalization": normalization}, per_candidate)
+                        {"mode": fp.mode, "normalization": normalization,
+                         **_vocabulary_extra(reports, reports[fp.nodes.index(first[0])],
+                                             allowed, sums)},
+                        per_candidate)
 
 
 def _results(plan: Plan, execution: Execution, normalization: str) -> tuple[FieldResult, ...]:
-    by_field: dict[int, list[dict[int, float]]] = {}
+    by_field: dict[int, list[RequestReport]] = {}
     for scoring, report in zip(plan.scorings(), execution.branches):
-        by_field.setdefault(scoring.field_index, []).append(report.logprobs)
+        by_field.setdefault(scoring.field_index, []).append(report)
     return tuple(
         _token_result(fp, by_field[i][0]) if isinstance(fp, FieldPlan)
         else _sequence_result(fp, by_field[i], normalization)
@@ -169,13 +190,14 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                 schema: dict[str, Any], *, mode: str = "token", normalization: str = "sum",
                 formulation: str = DEFAULT_FORMULATION, layout: str = DEFAULT_LAYOUT,
                 calibration: str = DEFAULT_CALIBRATION, limits: Limits = Limits(),
-                cache_salt: str | None = None, template_kwargs: dict[str, Any] | None = None
-                ) -> PCDResult | list[PCDResult]:
+                cache_salt: str | None = None, template_kwargs: dict[str, Any] | None = None,
+                full_vocabulary: bool = False) -> PCDResult | list[PCDResult]:
     """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD; given a list of
     them, answer each, submitting up to DOCUMENTS_PER_CALL documents to the engine at once so
     vLLM batches them. `mode` is the default for fields without their own `x-pcd-mode`;
     `calibration="content_free"` divides out the schema's content-free prior, computed
-    alongside the first documents and cached."""
+    alongside the first documents and cached; `full_vocabulary` keeps the stock LM head, so
+    each field also reports its options' mass over the whole vocabulary."""
     if not internals.active():
         logger.warning_once("vllm-pcd's engine patches are off in this process (set "
                             "VLLM_PLUGINS=pcd before creating the LLM): answers are the same, "
@@ -210,7 +232,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         missing = [text for text in prior_plans if text not in priors]
         executions = run_offline(llm, plans + [prior_plans[t] for t in missing],
                                  branches_per_batch=limits.max_branches_per_batch,
-                                 cache_salt=cache_salt)
+                                 cache_salt=cache_salt, full_vocabulary=full_vocabulary)
         for text, execution in zip(missing, executions[len(plans):]):
             priors[text] = _prior(prior_plans[text], execution, normalization, keys[text])
         results += [finish(spec, plan, execution, plan_s, normalization, route,
@@ -229,9 +251,11 @@ async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[st
                              chat_template: str | None = None, request_id: str | None = None,
                              cache_salt: str | None = None,
                              projection_route: str | None = None,
-                             data_parallel_rank: int | None = None) -> PCDResult:
+                             data_parallel_rank: int | None = None,
+                             full_vocabulary: bool = False) -> PCDResult:
     """On a prior's cache miss its engine requests run beside the document's, in the same
-    engine steps."""
+    engine steps. `full_vocabulary` keeps the stock LM head, so each field also reports the
+    mass its options hold over the whole vocabulary."""
     loop = asyncio.get_running_loop()
 
     def plan_of(conversation: list[dict[str, Any]]) -> Any:
@@ -242,7 +266,7 @@ async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[st
     def execute(plan: Plan, rid: str | None) -> Any:
         return run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,
                           request_id=rid, cache_salt=cache_salt,
-                          data_parallel_rank=data_parallel_rank)
+                          data_parallel_rank=data_parallel_rank, full_vocabulary=full_vocabulary)
 
     start = time.perf_counter()
     plan = await plan_of(messages)

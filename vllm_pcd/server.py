@@ -25,7 +25,7 @@ from starlette.middleware import Middleware
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
-from vllm_pcd import internals
+from vllm_pcd import decision_routes, internals
 from vllm_pcd.guard import RequestGuard
 from vllm_pcd.pcd import constrained_online
 from vllm_pcd.schema import Limits, parse_schema
@@ -81,6 +81,7 @@ class PCDEndpointPlugin:
         app.router.routes[:] = [r for r in app.router.routes if not _is_chat_post(r)]
         app.add_api_route(CHAT_PATH, create_chat_completion, methods=["POST"],
                           dependencies=[Depends(validate_json_request)])
+        decision_routes.attach(app)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         if engine_client is None or not internals.active():

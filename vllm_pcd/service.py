@@ -12,6 +12,7 @@ import copy
 import itertools
 import time
 import uuid
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Iterator
 
@@ -22,9 +23,9 @@ from vllm.logger import init_logger
 from vllm_pcd import metrics
 from vllm_pcd.calibration import DEFAULT_CALIBRATION, check_calibration
 from vllm_pcd.internals.lm_head import configured_route
-from vllm_pcd.pcd import check_normalization, constrained_online
+from vllm_pcd.pcd import PCDResult, check_normalization, constrained_online
 from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT
-from vllm_pcd.schema import MODES, Limits, SchemaError, parse_schema, shown
+from vllm_pcd.schema import MODES, Limits, SchemaError, SchemaSpec, parse_schema, shown
 
 logger = init_logger("vllm.pcd.server")
 
@@ -186,13 +187,18 @@ class PCDService:
                                   "with untrusted chat template.", param="chat_template",
                                   rule="chat_template")
             return request.chat_template
+        return self.server_chat_template
+
+    @property
+    def server_chat_template(self) -> str | None:
+        """`--chat-template`, or None for the model's own."""
         return getattr(self.serving_chat, "chat_template", None)
 
-    def template_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
+    def template_kwargs(self, request: Any) -> dict[str, Any]:
         """`--default-chat-template-kwargs` under the request's own, as vLLM's route merges
         them (a null template variable leaves the default)."""
         defaults = getattr(self.serving_chat, "default_chat_template_kwargs", None) or {}
-        given = {k: v for k, v in (request.chat_template_kwargs or {}).items()
+        given = {k: v for k, v in (getattr(request, "chat_template_kwargs", None) or {}).items()
                  if v is not None or k in PCD_KEYS}  # a null PCD option is refused, not unset
         return {**defaults, **given}
 
@@ -201,11 +207,11 @@ class PCDService:
         there); calls take the engines in turn."""
         return next(self._next_engine) % self.engines if self.engines > 1 else None
 
-    def model_error(self, request: ChatCompletionRequest) -> JSONResponse | None:
+    def model_error(self, model: str | None) -> JSONResponse | None:
         models = self.state.openai_serving_models
-        if request.model and not models.is_base_model(request.model):
+        if model and not models.is_base_model(model):
             return error_response(HTTPStatus.NOT_FOUND,
-                                  f"The model `{shown(request.model)}` does not exist.",
+                                  f"The model `{shown(model)}` does not exist.",
                                   param="model", kind="NotFoundError")
         return None
 
@@ -222,40 +228,54 @@ class PCDService:
         return response
 
     async def _answer(self, request: ChatCompletionRequest, mode_label: str) -> JSONResponse:
-        start = time.perf_counter()
-        if self.unavailable is not None:
-            return error_response(HTTPStatus.NOT_IMPLEMENTED, f"PCD is off on this server: "
-                                  f"{self.unavailable}", kind="NotImplementedError")
-        if (refused := self.model_error(request)) is not None:
+        if (refused := self.refusal(request.model)) is not None:
             return refused
         kwargs = self.template_kwargs(request)
         try:
             _refuse_unsupported(request)
-            mode = kwargs.pop("pcd_mode", "token")
-            if mode not in MODES:
-                raise SchemaError(f"pcd_mode must be one of {list(MODES)}, got {shown(mode)}",
-                                  param="pcd_mode", rule="mode")
-            normalization = check_normalization(kwargs.pop("pcd_normalization", "sum"))
-            formulation = kwargs.pop("pcd_formulation", DEFAULT_FORMULATION)
-            layout = kwargs.pop("pcd_layout", DEFAULT_LAYOUT)
-            calibration = check_calibration(kwargs.pop("pcd_calibration", DEFAULT_CALIBRATION))
+            options = pcd_options(kwargs)
             spec = parse_schema(kwargs.pop("pcd_schema", None), self.limits)
             messages = plain_messages(request)
             chat_template = self.chat_template(request)
         except SchemaError as err:
             return error_response(HTTPStatus.BAD_REQUEST, str(err), param=err.param)
         request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
+        result = await self.run(messages, spec, options, kwargs, chat_template=chat_template,
+                                cache_salt=request.cache_salt, request_id=request_id,
+                                mode_label=mode_label)
+        if isinstance(result, JSONResponse):
+            return result
+        diagnostics = result.diagnostics()
+        return JSONResponse(content=completion(request_id, request.model or
+                                               self.state.openai_serving_models.model_name(),
+                                               result.content, diagnostics, len(spec.fields)))
+
+    def refusal(self, model: str | None) -> JSONResponse | None:
+        """501 where PCD is off on this server, 404 for a model it does not serve."""
+        if self.unavailable is not None:
+            return error_response(HTTPStatus.NOT_IMPLEMENTED, f"PCD is off on this server: "
+                                  f"{self.unavailable}", kind="NotImplementedError")
+        return self.model_error(model)
+
+    async def run(self, messages: list[dict[str, Any]], spec: SchemaSpec, options: PCDOptions,
+                  template_kwargs: dict[str, Any], *, chat_template: str | None,
+                  cache_salt: str | None, request_id: str, mode_label: str,
+                  full_vocabulary: bool = False) -> PCDResult | JSONResponse:
+        """The PCD call every route makes, bounded by `limits.max_request_seconds`: its result,
+        or the error response (4xx for what the request caused, 504, 500 for our faults)."""
+        start = time.perf_counter()
         bound = self.limits.max_request_seconds
         try:
             async with asyncio.timeout(bound):
                 result = await constrained_online(
-                    self.engine, self.tokenizer, messages, spec, limits=self.limits, mode=mode,
-                    normalization=normalization, formulation=formulation, layout=layout,
-                    calibration=calibration,
-                    template_kwargs=kwargs, chat_template=chat_template,
-                    request_id=request_id, cache_salt=request.cache_salt,
+                    self.engine, self.tokenizer, messages, spec, limits=self.limits,
+                    mode=options.mode, normalization=options.normalization,
+                    formulation=options.formulation, layout=options.layout,
+                    calibration=options.calibration, template_kwargs=template_kwargs,
+                    chat_template=chat_template, request_id=request_id, cache_salt=cache_salt,
                     projection_route=self.projection_route,
-                    data_parallel_rank=self.data_parallel_rank())
+                    data_parallel_rank=self.data_parallel_rank(),
+                    full_vocabulary=full_vocabulary)
         except SchemaError as err:  # limits that depend on the tokenized prompt
             return error_response(HTTPStatus.BAD_REQUEST, str(err), param=err.param)
         except TimeoutError:
@@ -274,9 +294,30 @@ class PCDService:
         metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
                               diagnostics["tokens"]["computed"], time.perf_counter() - start,
                               diagnostics["projection"])
-        return JSONResponse(content=completion(request_id, request.model or
-                                               self.state.openai_serving_models.model_name(),
-                                               result.content, diagnostics, len(spec.fields)))
+        return result
+
+
+@dataclass(frozen=True)
+class PCDOptions:
+    """The `pcd_*` options of a request, checked."""
+
+    mode: str = "token"
+    normalization: str = "sum"
+    formulation: str = DEFAULT_FORMULATION
+    layout: str = DEFAULT_LAYOUT
+    calibration: str = DEFAULT_CALIBRATION
+
+
+def pcd_options(kwargs: dict[str, Any]) -> PCDOptions:
+    """Pops and checks the PCD options (not `pcd_schema`) from chat-template kwargs."""
+    mode = kwargs.pop("pcd_mode", "token")
+    if mode not in MODES:
+        raise SchemaError(f"pcd_mode must be one of {list(MODES)}, got {shown(mode)}",
+                          param="pcd_mode", rule="mode")
+    return PCDOptions(mode, check_normalization(kwargs.pop("pcd_normalization", "sum")),
+                      kwargs.pop("pcd_formulation", DEFAULT_FORMULATION),
+                      kwargs.pop("pcd_layout", DEFAULT_LAYOUT),
+                      check_calibration(kwargs.pop("pcd_calibration", DEFAULT_CALIBRATION)))
 
 
 def completion(request_id: str, model: str, content: str, diagnostics: dict[str, Any],

@@ -1,0 +1,162 @@
+"""PCD on vLLM's decision routes: `POST /v1/systemone` (vLLM 0.32's shape) and
+`POST /v1/decisions` (vLLM 0.33's), for every model the plugin serves.
+
+Each question becomes a field of one schema (`decisions`), answered by the same plan, fork
+and limits as the chat route, on the stock LM head: a decision reports `label_mass`, the mass
+the options hold over the whole vocabulary, which the restricted head cannot measure. A
+systemone body with `"pcd": false` goes to vLLM's own handler where this vLLM has one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from http import HTTPStatus
+from typing import Any, Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
+
+from vllm_pcd.decision_protocol import DecisionsRequest, SystemOneRequest
+from vllm_pcd.decisions import (Question, Read, check_cache_salt, decisions_request,
+                                decisions_response, systemone_request, systemone_response,
+                                to_schema)
+from vllm_pcd.pcd import PCDResult
+from vllm_pcd.schema import SchemaError, parse_schema
+from vllm_pcd.service import PCDService, error_response, pcd_options
+
+SYSTEMONE_PATH = "/v1/systemone"
+DECISIONS_PATH = "/v1/decisions"
+Endpoint = Callable[..., Awaitable[Any]]
+
+
+def _post_route(app: FastAPI, path: str) -> APIRoute | None:
+    return next((r for r in app.routes if isinstance(r, APIRoute) and r.path == path
+                 and r.methods == {"POST"}), None)
+
+
+def _bad_request(err: SchemaError) -> JSONResponse:
+    """Schema errors name the question, not the schema PCD built from it."""
+    def renamed(text: str) -> str:
+        return text.replace("pcd_schema.properties", "questions").replace("pcd_schema", "questions")
+    return error_response(HTTPStatus.BAD_REQUEST, renamed(str(err)), param=renamed(err.param))
+
+
+def _service(raw_request: Request) -> PCDService | JSONResponse:
+    service = getattr(raw_request.app.state, "pcd", None)
+    if service is None:
+        return error_response(HTTPStatus.SERVICE_UNAVAILABLE, "PCD is not initialised",
+                              kind="ServiceUnavailableError")
+    return service
+
+
+async def _decide(service: PCDService, questions: list[Question], messages: list[dict[str, Any]],
+                  kwargs: dict[str, Any], cache_salt: Any, request_id: str
+                  ) -> tuple[PCDResult, list[Read]] | JSONResponse:
+    """The PCD call for a decision request: its result and one read per question."""
+    try:
+        check_cache_salt(cache_salt)
+        options = pcd_options(kwargs)
+        if "pcd_schema" in kwargs:
+            raise SchemaError("chat_template_kwargs.pcd_schema: a decision request's schema is "
+                              "its questions", param="chat_template_kwargs.pcd_schema")
+        if len(questions) > service.limits.max_fields:
+            raise SchemaError(f"questions: at most {service.limits.max_fields} for this model",
+                              param="questions", rule="max_fields")
+        spec = parse_schema(to_schema(questions), service.limits)
+    except SchemaError as err:
+        return _bad_request(err)
+    result = await service.run(messages, spec, options, kwargs,
+                               chat_template=service.server_chat_template, cache_salt=cache_salt,
+                               request_id=request_id, mode_label=options.mode,
+                               full_vocabulary=True)
+    if not isinstance(result, PCDResult):
+        return result
+    reads = [Read.of(q, r.field.options, r.scores, r.extra) for q, r in zip(questions, result.fields)]
+    return result, reads
+
+
+def _model_name(service: PCDService) -> str:
+    return service.state.openai_serving_models.model_name()
+
+
+def _validated_for(endpoint: Endpoint, body: Any) -> Any:
+    """`body` as the request model vLLM's own handler declares."""
+    model = inspect.signature(endpoint).parameters["request"].annotation
+    return model.model_validate(body)
+
+
+def systemone_endpoint(stock: Endpoint | None) -> Endpoint:
+    @with_cancellation
+    async def create_structured_decision(request: SystemOneRequest, raw_request: Request):
+        if (request.model_extra or {}).get("pcd") is False:
+            return await _stock_answer(stock, raw_request)
+        service = _service(raw_request)
+        if isinstance(service, JSONResponse):
+            return service
+        if (refused := service.refusal(request.model)) is not None:
+            return refused
+        try:
+            questions, messages = systemone_request(request)
+        except SchemaError as err:
+            return _bad_request(err)
+        base_id = raw_request.headers.get("X-Request-Id") or request.request_id
+        done = await _decide(service, questions, messages, service.template_kwargs(request),
+                             request.cache_salt, f"decision-{base_id}")
+        if isinstance(done, JSONResponse):
+            return done
+        result, reads = done
+        diagnostics = result.diagnostics()
+        return JSONResponse(content={
+            **systemone_response(base_id, _model_name(service), questions, reads,
+                                 diagnostics["tokens"]["ideal"]),
+            "pcd": diagnostics})
+    return create_structured_decision
+
+
+async def _stock_answer(stock: Endpoint | None, raw_request: Request) -> Any:
+    """vLLM's own `/v1/systemone` answer (`"pcd": false`), for the models it supports."""
+    if stock is None:
+        return error_response(HTTPStatus.NOT_IMPLEMENTED, "this vLLM has no /v1/systemone of "
+                              "its own", kind="NotImplementedError")
+    try:
+        request = _validated_for(stock, await raw_request.json())
+    except ValidationError as err:
+        return error_response(HTTPStatus.BAD_REQUEST, str(err), param="body")
+    return await stock(request, raw_request)
+
+
+@with_cancellation
+async def create_decisions(request: DecisionsRequest, raw_request: Request):
+    service = _service(raw_request)
+    if isinstance(service, JSONResponse):
+        return service
+    if (refused := service.refusal(request.model)) is not None:
+        return refused
+    try:
+        questions, messages = decisions_request(request)
+    except SchemaError as err:
+        return _bad_request(err)
+    base_id = raw_request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    done = await _decide(service, questions, messages, service.template_kwargs(None),
+                         request.cache_salt, f"decision-{base_id}")
+    if isinstance(done, JSONResponse):
+        return done
+    result, reads = done
+    tokens = result.diagnostics()["tokens"]
+    return JSONResponse(content=decisions_response(_model_name(service), questions, reads,
+                                                   tokens["ideal"], tokens["computed"]))
+
+
+def attach(app: FastAPI) -> None:
+    """Replaces vLLM's `/v1/systemone` (kept behind `"pcd": false`) and adds `/v1/decisions`."""
+    stock = _post_route(app, SYSTEMONE_PATH)
+    app.router.routes[:] = [r for r in app.router.routes if r not in (
+        stock, _post_route(app, DECISIONS_PATH))]
+    app.add_api_route(SYSTEMONE_PATH, systemone_endpoint(stock and stock.endpoint),
+                      methods=["POST"], dependencies=[Depends(validate_json_request)])
+    app.add_api_route(DECISIONS_PATH, create_decisions, methods=["POST"],
+                      dependencies=[Depends(validate_json_request)])
