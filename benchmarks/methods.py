@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import openai
 
+from benchmarks.letter_reads import letter_prompts
 from vllm_pcd.models import fast_dtype
 from vllm_pcd.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, FieldPlan, Plan, build_plan,
                            instruction_text, with_instruction)
@@ -49,13 +50,14 @@ class Task:
     spec: SchemaSpec
     plan: Plan
     layout: str = DEFAULT_LAYOUT  # where every method puts the field list
+    tokenizer: Any = field(default=None, repr=False)  # for methods that write their own prompt
 
 
 def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]],
               layout: str = DEFAULT_LAYOUT) -> Task:
     spec = parse_schema(schema)
     return Task(messages, schema, spec, build_plan(tokenizer, spec, messages, layout=layout),
-                layout)
+                layout, tokenizer)
 
 
 def load_tokenizer(model: str | Path) -> Any:
@@ -242,14 +244,18 @@ def systemone_question(spec_field: Any, raw: dict[str, Any]) -> dict[str, Any]:
             "criteria": {o: None for o in spec_field.options}}
 
 
-async def systemone(client: Client, task: Task, salt: str) -> Outcome:
-    """vLLM's structured-decisions route; it writes its own prompt around the state."""
+async def _decision(client: Client, task: Task, salt: str, by_pcd: bool) -> Outcome:
+    """One `/v1/systemone` request: the system turns as its instructions, the rest as its
+    state, a question per field."""
+    system = [m["content"] for m in task.messages if m["role"] == "system"]
     payload = {
         "model": client.model,
-        "state": "\n\n".join(m["content"] for m in task.messages),
+        "state": "\n\n".join(m["content"] for m in task.messages if m["role"] != "system"),
         "questions": {f.name: systemone_question(f, task.schema["properties"][f.name])
                       for f in task.spec.fields},
         "cache_salt": salt,
+        **({"instructions": "\n\n".join(system)} if system else {}),
+        **({"chat_template_kwargs": {"pcd_layout": task.layout}} if by_pcd else {"pcd": False}),
     }
     try:
         resp = await client.api.post("/systemone", body=payload, cast_to=object)
@@ -260,7 +266,40 @@ async def systemone(client: Client, task: Task, salt: str) -> Outcome:
     answers = resp["answers"]
     obj = {f.name: (answers[f.name]["noul"] >= 0.5 if f.kind == "boolean"
                     else answers[f.name]["choice"]) for f in task.spec.fields}
-    return Outcome("ok", obj)
+    diag = resp.get("pcd")
+    return Outcome("ok", obj, tokens_computed=diag["tokens"]["computed"] if diag else None,
+                   backbone_calls=diag["backbone_calls"] if diag else None)
+
+
+async def pcd_systemone(client: Client, task: Task, salt: str) -> Outcome:
+    """vLLM's structured-decisions request shape, answered by PCD."""
+    return await _decision(client, task, salt, by_pcd=True)
+
+
+async def vllm_systemone(client: Client, task: Task, salt: str) -> Outcome:
+    """The same request answered by vLLM's own handler (a few Qwen3-family models only): one
+    1-token read per question, with its own prompt and letter codes."""
+    return await _decision(client, task, salt, by_pcd=False)
+
+
+async def vllm_letters(client: Client, task: Task, salt: str) -> Outcome:
+    """vLLM's `/v1/systemone` read (one request per question, letter or yes/no labels),
+    rebuilt on the completions API for any model (`letter_reads`)."""
+    try:
+        prompts = list(letter_prompts(task.tokenizer, task.messages, task.spec, task.schema))
+    except ValueError as err:
+        raise Unsupported(str(err)) from err
+    replies = await asyncio.gather(*(
+        _complete(client, ids, salt, logprobs=1,
+                  extra_body={"logprob_token_ids": labels, "return_tokens_as_token_ids": True})
+        for ids, labels in prompts))
+    obj = {}
+    for f, (_, labels), reply in zip(task.spec.fields, prompts, replies):
+        top = reply.choices[0].logprobs.top_logprobs[0]
+        scores = [top[f"token_id:{t}"] for t in labels]
+        obj[f.name] = f.options[scores.index(max(scores))]
+    counts = [_computed(r.usage) for r in replies]
+    return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
 
 
 def floor_ids(plan: Plan) -> list[int]:
@@ -292,11 +331,14 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_cf": pcd_token_cf,
     "ar_json": ar_json,
     "per_field": per_field,
-    "systemone": systemone,
+    "pcd_systemone": pcd_systemone,
+    "vllm_systemone": vllm_systemone,
+    "vllm_letters": vllm_letters,
     "floor": floor,
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
-             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "ar_json", "per_field", "systemone")
+             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "ar_json", "per_field",
+             "pcd_systemone", "vllm_systemone", "vllm_letters")
 
 
 async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:

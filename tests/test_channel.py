@@ -104,6 +104,23 @@ def test_a_group_enters_together(scheduler_cls):
     assert sched.schedule() == ["plain", "a", "b"]
 
 
+def test_independent_groups_never_wait_for_each_other(scheduler_cls):
+    """Concurrent PCD requests' branch groups interleave at admission: each enters the step
+    after its own last member arrives, whatever other groups are still held."""
+    sched = scheduler_cls()
+    sched.add_request(request("g1", "g", 3))
+    sched.add_request(request("h1", "h", 2))
+    sched.add_request(request("h2", "h", 2))  # h is whole: it enters although g is not
+    sched.add_request(request("k1", "k", 1))
+    assert sched.schedule() == ["h1", "h2", "k1"]
+    assert set(admission.pending(sched).groups) == {"g"}
+    sched.add_request(request("g2", "g", 3))
+    sched.add_request(request("plain"))  # an untagged request is never held
+    assert sched.schedule() == ["plain"]
+    sched.add_request(request("g3", "g", 3))
+    assert sched.schedule() == ["g1", "g2", "g3"] and not admission.pending(sched).groups
+
+
 def test_a_split_group_is_released_by_the_step_alone(scheduler_cls, monkeypatch):
     """Nothing else arrives: the engine keeps stepping (held requests count as unfinished)
     and its own step releases the group once it is stale."""

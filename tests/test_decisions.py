@@ -183,3 +183,15 @@ def test_decisions_pcd_refusals_name_the_question():
         decisions_request(DecisionsRequest.model_validate(twice))
     with pytest.raises(SchemaError, match="joint reads are not available"):
         decisions_request(DecisionsRequest.model_validate({**DECISIONS, "joint": True}))
+
+
+def test_label_mass_is_reported_only_where_the_full_head_scored():
+    from vllm_pcd.engine import RequestReport
+    from vllm_pcd.pcd import _vocabulary_extra
+
+    full = RequestReport(10, 0, None, {5: math.log(0.5), 6: math.log(0.25)}, sampled=7)
+    extra = _vocabulary_extra([full], full, {5, 6}, [math.log(0.5), math.log(0.25)])
+    assert extra == {"label_mass": pytest.approx(0.75), "argmax_is_label": False}
+    restricted = RequestReport(10, 0, None, {5: -0.1}, asked_restricted=True, restricted=True,
+                               sampled=5)
+    assert _vocabulary_extra([restricted], restricted, {5, 6}, [-0.1]) == {}

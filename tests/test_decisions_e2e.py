@@ -51,6 +51,10 @@ def test_every_systemone_question_type_gets_vllms_response_shape(http):
         assert 0 < diagnostics["label_mass"] < 1
         assert isinstance(diagnostics["argmax_is_label"], bool)
         assert answer["confidence"] == pytest.approx(max(p) * diagnostics["label_mass"])
+    if vllm_version() != "0.24.0":  # vLLM's own response model accepts the body as it is
+        from vllm.entrypoints.generate.structured_decisions.protocol import \
+            StructuredDecisionResponse
+        assert StructuredDecisionResponse.model_validate(body).answers == answers
     pcd = body["pcd"]
     assert pcd["backbone_calls"] == 2
     assert pcd["projection"]["restricted_requests"] == 0

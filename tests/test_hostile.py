@@ -1,9 +1,10 @@
 """Every client-controlled part of a request, mutated, against the live multiprocess server:
 `vllm_xargs` (every `pcd*` key, junk and valid-looking), `chat_template_kwargs` (reserved
 keys, junk), request templates, `messages` (roles, content types), sampling options and the
-schema, on the PCD route, plain chat and `/v1/completions`. Each body gets a 2xx or a 4xx in
-OpenAI's format, never a 5xx; afterwards the engine is alive and idle and a valid PCD request
-gets the identical answer."""
+schema, on the PCD route, plain chat, `/v1/completions` and the decision routes. Each body
+gets a 2xx or a 4xx in OpenAI's format, never a 5xx (but vLLM's own 501 for a model its
+`/v1/systemone` does not serve, behind `"pcd": false`); afterwards the engine is alive and
+idle and a valid PCD request gets the identical answer."""
 
 import asyncio
 import copy
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from benchmarks.soak import engine_state, is_idle, wait_until_idle
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
+from tests.test_decisions import DECISIONS, SYSTEMONE
 from tests.test_reliability import _mutations, junk
 
 EXAMPLES = 1000
@@ -65,9 +67,34 @@ def bounded(body):
     return body
 
 
+question = st.fixed_dictionaries({"type": st.sampled_from(["noul", "choice", "score", "x"]) | junk,
+                                  "instructions": junk, "criteria": junk})
+decision_parts = {
+    "systemone": {"state": junk, "questions": st.dictionaries(st.text(max_size=8), question,
+                                                              max_size=3) | junk,
+                  "instructions": junk, "chat_template_kwargs": template_kwargs | junk,
+                  "cache_salt": junk, "pcd": junk, "images": junk, "request_id": junk},
+    "decisions": {"input": junk, "joint": junk, "cache_salt": junk, "model": junk,
+                  "questions": st.lists(st.fixed_dictionaries(
+                      {"type": st.sampled_from(["predicate", "choice", "score"]),
+                       "instructions": junk, "choices": junk, "levels": junk}), max_size=2) | junk},
+}
+
+
+def decision_body(draw, route):
+    """A valid decision body (the e2e tests' own) with one to three parts replaced by junk."""
+    body = copy.deepcopy(SYSTEMONE if route == "systemone" else {**DECISIONS, "model": MODEL})
+    parts = decision_parts[route]
+    for key in draw(st.lists(st.sampled_from(sorted(parts)), min_size=1, max_size=3)):
+        body[key] = draw(parts[key])
+    return route, body
+
+
 @st.composite
 def hostile_body(draw):
-    route = draw(st.sampled_from(["pcd", "chat", "completions"]))
+    route = draw(st.sampled_from(["pcd", "chat", "completions", "systemone", "decisions"]))
+    if route in decision_parts:
+        return decision_body(draw, route)
     body = {"model": MODEL, "max_tokens": 2}
     if route == "completions":
         body["prompt"] = draw(st.sampled_from(["Name a colour.", ""]) | junk)
@@ -97,8 +124,12 @@ def hostile_body(draw):
 MODEL = None
 
 
+PATHS = {"completions": "/v1/completions", "systemone": "/v1/systemone",
+         "decisions": "/v1/decisions"}
+
+
 def send(http, route, body):
-    path = "/v1/completions" if route == "completions" else "/v1/chat/completions"
+    path = PATHS.get(route, "/v1/chat/completions")
     with http.stream("POST", path, content=json.dumps(body, default=str)) as response:
         text = response.read().decode(errors="replace")
     return response.status_code, text
@@ -122,7 +153,9 @@ def test_a_thousand_hostile_bodies_get_a_2xx_or_4xx_and_change_nothing(pcd_serve
         def survives(case):
             route, body = case
             status, text = send(http, route, body)
-            assert status < 500, (route, json.dumps(body, default=str)[:400], text[:400])
+            stock_refusal = route == "systemone" and body.get("pcd") is False and status == 501
+            assert status < 500 or stock_refusal, (route, json.dumps(body, default=str)[:400],
+                                                   text[:400])
             if status >= 400:
                 error = json.loads(text)["error"]
                 assert error["code"] == status and error["message"], text[:300]

@@ -1,5 +1,6 @@
 """The evaluation's metric functions, on cases small enough to count by hand."""
 
+import json
 import math
 
 import pytest
@@ -121,3 +122,21 @@ def test_reliability_bins_and_ece():
     assert expected_calibration_error(points) == pytest.approx((0.45 + abs(2.9 - 2)) / 4)
     assert expected_calibration_error([(1.0, True)]) == 0
     assert expected_calibration_error([]) is None
+
+
+def test_two_runs_are_compared_case_by_case(tmp_path):
+    from benchmarks.compare_runs import compare
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    cases = [{"id": f"c{i}", "schema": schema, "expected": {"ok": i % 2 == 0}} for i in range(4)]
+    source = tmp_path / "cases.jsonl"
+    source.write_text("\n".join(json.dumps(c) for c in cases))
+    right = {c["id"]: c["expected"] for c in cases}
+    wrong = {c["id"]: {"ok": not c["expected"]["ok"]} for c in cases[:2]} | dict(
+        list(right.items())[2:])
+    run = {"limit": None, "tasks": {str(source): {"answers": {"m": right}}}}
+    other = {"limit": None, "tasks": {str(source): {"answers": {"m": wrong}}}}
+    lines = compare(run, "m", other, "m")
+    assert lines[0].startswith(f"{source}: field +50.0") and "exact +50.0" in lines[0]
+    assert lines[-1].startswith("pooled public: field +50.0")

@@ -113,9 +113,10 @@ def test_a_template_that_fails_on_the_request_is_the_requests_fault(tokenizer):
 
 
 def test_instruction_joins_the_last_user_turn_or_adds_one():
-    assert with_instruction([{"role": "user", "content": "hi"}], "Q")[-1]["content"] == "hi\n\nQ"
+    assert with_instruction([{"role": "user", "content": "hi"}], "Q",
+                            "document_first")[-1]["content"] == "hi\n\nQ"
     msgs = with_instruction([{"role": "user", "content": "hi"},
-                             {"role": "assistant", "content": "yo"}], "Q")
+                             {"role": "assistant", "content": "yo"}], "Q", "document_first")
     assert msgs[-1] == {"role": "user", "content": "Q"} and len(msgs) == 3
 
 

@@ -140,6 +140,16 @@ def test_a_second_document_with_the_same_schema_computes_only_its_own_tokens(
         assert reused >= 3 * CPU_BLOCK_SIZE  # the 16-field list
     else:
         assert reused < CPU_BLOCK_SIZE
+    # another tenant (cache salt) shares nothing with this one
+    other = pcd(client, WIDE_SCHEMA, docs[1], {"pcd_layout": layout}, cache_salt=salt + "-other")
+    assert other.model_extra["pcd"]["tokens"]["context_cached"] == 0
+
+
+@pytest.mark.parametrize("layout", ["sideways", 3, None, ["schema_first"]])
+def test_a_junk_layout_is_a_400_naming_pcd_layout(client, layout):
+    with pytest.raises(openai.BadRequestError) as err:
+        pcd(client, SUPPORT_SCHEMA, extra_kwargs={"pcd_layout": layout})
+    assert "pcd_layout" in str(err.value)
 
 
 def test_content_free_calibration_is_computed_once_per_schema(client):

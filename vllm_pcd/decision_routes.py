@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
@@ -41,23 +42,38 @@ def _post_route(app: FastAPI, path: str) -> APIRoute | None:
 def _bad_request(err: SchemaError) -> JSONResponse:
     """Schema errors name the question, not the schema PCD built from it."""
     def renamed(text: str) -> str:
-        return text.replace("pcd_schema.properties", "questions").replace("pcd_schema", "questions")
+        return text.replace("pcd_schema.properties", "questions")
     return error_response(HTTPStatus.BAD_REQUEST, renamed(str(err)), param=renamed(err.param))
 
 
-def _service(raw_request: Request) -> PCDService | JSONResponse:
-    service = getattr(raw_request.app.state, "pcd", None)
+@dataclass(frozen=True)
+class Decided:
+    """A decision PCD answered: what the route needs to write either response shape."""
+
+    service: PCDService
+    questions: list[Question]
+    result: PCDResult
+    reads: list[Read]
+
+    @property
+    def model(self) -> str:
+        return self.service.state.openai_serving_models.model_name()
+
+
+async def _decide(raw_request: Request, model: str | None,
+                  parse: Callable[[], tuple[list[Question], list[dict[str, Any]]]],
+                  template_source: Any, cache_salt: Any, base_id: str) -> Decided | JSONResponse:
+    """A decision request through PCD: its questions (`parse`) as one schema, then one read
+    per question; or the error response that names what is wrong."""
+    service: PCDService | None = getattr(raw_request.app.state, "pcd", None)
     if service is None:
         return error_response(HTTPStatus.SERVICE_UNAVAILABLE, "PCD is not initialised",
                               kind="ServiceUnavailableError")
-    return service
-
-
-async def _decide(service: PCDService, questions: list[Question], messages: list[dict[str, Any]],
-                  kwargs: dict[str, Any], cache_salt: Any, request_id: str
-                  ) -> tuple[PCDResult, list[Read]] | JSONResponse:
-    """The PCD call for a decision request: its result and one read per question."""
+    if (refused := service.refusal(model)) is not None:
+        return refused
+    kwargs = service.template_kwargs(template_source)
     try:
+        questions, messages = parse()
         check_cache_salt(cache_salt)
         options = pcd_options(kwargs)
         if "pcd_schema" in kwargs:
@@ -71,21 +87,18 @@ async def _decide(service: PCDService, questions: list[Question], messages: list
         return _bad_request(err)
     result = await service.run(messages, spec, options, kwargs,
                                chat_template=service.server_chat_template, cache_salt=cache_salt,
-                               request_id=request_id, mode_label=options.mode,
+                               request_id=f"decision-{base_id}", mode_label=options.mode,
                                full_vocabulary=True)
     if not isinstance(result, PCDResult):
         return result
-    reads = [Read.of(q, r.field.options, r.scores, r.extra) for q, r in zip(questions, result.fields)]
-    return result, reads
-
-
-def _model_name(service: PCDService) -> str:
-    return service.state.openai_serving_models.model_name()
+    reads = [Read.of(q, r.field.options, r.scores, r.extra)
+             for q, r in zip(questions, result.fields)]
+    return Decided(service, questions, result, reads)
 
 
 def _validated_for(endpoint: Endpoint, body: Any) -> Any:
     """`body` as the request model vLLM's own handler declares."""
-    model = inspect.signature(endpoint).parameters["request"].annotation
+    model = inspect.signature(endpoint, eval_str=True).parameters["request"].annotation
     return model.model_validate(body)
 
 
@@ -94,24 +107,14 @@ def systemone_endpoint(stock: Endpoint | None) -> Endpoint:
     async def create_structured_decision(request: SystemOneRequest, raw_request: Request):
         if (request.model_extra or {}).get("pcd") is False:
             return await _stock_answer(stock, raw_request)
-        service = _service(raw_request)
-        if isinstance(service, JSONResponse):
-            return service
-        if (refused := service.refusal(request.model)) is not None:
-            return refused
-        try:
-            questions, messages = systemone_request(request)
-        except SchemaError as err:
-            return _bad_request(err)
         base_id = raw_request.headers.get("X-Request-Id") or request.request_id
-        done = await _decide(service, questions, messages, service.template_kwargs(request),
-                             request.cache_salt, f"decision-{base_id}")
+        done = await _decide(raw_request, request.model, lambda: systemone_request(request),
+                             request, request.cache_salt, base_id)
         if isinstance(done, JSONResponse):
             return done
-        result, reads = done
-        diagnostics = result.diagnostics()
+        diagnostics = done.result.diagnostics()
         return JSONResponse(content={
-            **systemone_response(base_id, _model_name(service), questions, reads,
+            **systemone_response(base_id, done.model, done.questions, done.reads,
                                  diagnostics["tokens"]["ideal"]),
             "pcd": diagnostics})
     return create_structured_decision
@@ -131,23 +134,13 @@ async def _stock_answer(stock: Endpoint | None, raw_request: Request) -> Any:
 
 @with_cancellation
 async def create_decisions(request: DecisionsRequest, raw_request: Request):
-    service = _service(raw_request)
-    if isinstance(service, JSONResponse):
-        return service
-    if (refused := service.refusal(request.model)) is not None:
-        return refused
-    try:
-        questions, messages = decisions_request(request)
-    except SchemaError as err:
-        return _bad_request(err)
-    base_id = raw_request.headers.get("X-Request-Id") or uuid.uuid4().hex
-    done = await _decide(service, questions, messages, service.template_kwargs(None),
-                         request.cache_salt, f"decision-{base_id}")
+    done = await _decide(raw_request, request.model, lambda: decisions_request(request), None,
+                         request.cache_salt,
+                         raw_request.headers.get("X-Request-Id") or uuid.uuid4().hex)
     if isinstance(done, JSONResponse):
         return done
-    result, reads = done
-    tokens = result.diagnostics()["tokens"]
-    return JSONResponse(content=decisions_response(_model_name(service), questions, reads,
+    tokens = done.result.diagnostics()["tokens"]
+    return JSONResponse(content=decisions_response(done.model, done.questions, done.reads,
                                                    tokens["ideal"], tokens["computed"]))
 
 

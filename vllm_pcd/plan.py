@@ -69,7 +69,9 @@ FORMULATIONS = {
 # values with the object's next character 60.0%; AR JSON 61.2%. It is also the cheapest: one
 # request per field, on the restricted head.
 DEFAULT_FORMULATION = "json_prefix"
-DEFAULT_LAYOUT = "document_first"
+# The field list first: documents asked the same schema share its KV (the prefix cache), and on
+# the same public tasks it scored +0.6 points [-1.8, +2.9] over document first (+5.6 on dev).
+DEFAULT_LAYOUT = "schema_first"
 
 
 class Tokenizer(Protocol):
@@ -150,7 +152,7 @@ def _option_label(field: FieldSpec, code: str | None, option: Any) -> str:
 
 
 def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
-                     formulation: str = "codes", layout: str = "document_first") -> str:
+                     formulation: str = "codes", layout: str = DEFAULT_LAYOUT) -> str:
     """The field list given with the conversation; shared by every branch. Fields with codes
     show them; the others (codes None) show their JSON values."""
     header = FORMULATIONS[formulation].header
@@ -201,7 +203,7 @@ def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...
 
 
 def with_instruction(messages: list[dict[str, Any]], instruction: str,
-                     layout: str = "document_first") -> list[dict[str, Any]]:
+                     layout: str = DEFAULT_LAYOUT) -> list[dict[str, Any]]:
     """The conversation with the field list: appended to the last user turn (or as a new
     one, keeping roles alternating), or schema-first at the head of the system turn."""
     messages = [dict(m) for m in messages]
