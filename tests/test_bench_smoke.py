@@ -13,8 +13,8 @@ from benchmarks import bench_latency, bench_throughput, evaluate
 from benchmarks.methods import Client, load_tokenizer, make_task, run_method
 from tests.conftest import API_KEY
 
-# Stock vLLM features: these must always run. The others may answer "unsupported".
-ALWAYS = {"pcd_token", "ar_json", "per_field", "floor"}
+# What every model is served: these must always run. The others may answer "unsupported".
+ALWAYS = {"pcd_token", "ar_json", "per_field", "floor", "pcd_systemone", "vllm_letters"}
 
 
 @pytest.fixture(scope="module")
