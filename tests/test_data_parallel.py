@@ -56,3 +56,22 @@ def test_pcd_calls_are_pinned_to_one_engine_each(dp_server, pcd_server, tokenize
             "model": model, "messages": [{"role": "user", "content": "Name a colour."}],
             "max_tokens": 4})
         assert plain.status_code == 200 and "pcd" not in plain.json()
+
+
+def test_decision_requests_are_pinned_to_one_engine_each(dp_server, pcd_server):
+    """The decision routes make the same pinned PCD call: both engines answer the same
+    probabilities as the single-engine server, in 2 backbone calls each."""
+    from tests.test_decisions import SYSTEMONE
+
+    with httpx.Client(base_url=dp_server, headers=AUTH, timeout=300) as dp, \
+            httpx.Client(base_url=pcd_server, headers=AUTH, timeout=300) as single:
+        reference = single.post("/v1/systemone", json=SYSTEMONE).json()
+        for _ in range(2):  # calls take the engines in turn
+            answer = dp.post("/v1/systemone", json=SYSTEMONE)
+            assert answer.status_code == 200, answer.text[:300]
+            body = answer.json()
+            assert body["pcd"]["backbone_calls"] == 2
+            assert body["pcd"]["tokens"]["computed"] == reference["pcd"]["tokens"]["computed"]
+            for qid, got in body["answers"].items():
+                assert got["probabilities"] == pytest.approx(
+                    reference["answers"][qid]["probabilities"], abs=1e-4)
