@@ -32,14 +32,14 @@ def question_text(field: FieldSpec, instructions: str | None) -> tuple[str, list
     return "\n".join([*head, *lines, reply]), labels
 
 
-def letter_prompts(tokenizer: Any, messages: list[dict[str, Any]], spec: SchemaSpec,
-                   schema: dict[str, Any]) -> Iterator[tuple[list[int], list[int]]]:
+def letter_prompts(tokenizer: Any, messages: list[dict[str, Any]], spec: SchemaSpec
+                   ) -> Iterator[tuple[list[int], list[int]]]:
     """(prompt ids, one token id per label) for each field; ValueError where a label is not
     one token after the prompt, where vLLM's endpoint refuses the model too."""
     system = [m for m in messages if m["role"] == "system"]
     state = "\n\n".join(m["content"] for m in messages if m["role"] != "system")
     for field in spec.fields:
-        text, labels = question_text(field, schema["properties"][field.name].get("description"))
+        text, labels = question_text(field, field.description)
         conversation = [*system, {"role": "user", "content": f"{state}\n\n{text}"}]
         prompt = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
                                                tokenize=False, enable_thinking=False)

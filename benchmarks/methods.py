@@ -286,7 +286,7 @@ async def vllm_letters(client: Client, task: Task, salt: str) -> Outcome:
     """vLLM's `/v1/systemone` read (one request per question, letter or yes/no labels),
     rebuilt on the completions API for any model (`letter_reads`)."""
     try:
-        prompts = list(letter_prompts(task.tokenizer, task.messages, task.spec, task.schema))
+        prompts = list(letter_prompts(task.tokenizer, task.messages, task.spec))
     except ValueError as err:
         raise Unsupported(str(err)) from err
     replies = await asyncio.gather(*(

@@ -62,7 +62,8 @@ class Decided:
 
 async def _decide(raw_request: Request, model: str | None,
                   parse: Callable[[], tuple[list[Question], list[dict[str, Any]]]],
-                  template_source: Any, cache_salt: Any, base_id: str) -> Decided | JSONResponse:
+                  template_kwargs: dict[str, Any] | None, cache_salt: Any, base_id: str
+                  ) -> Decided | JSONResponse:
     """A decision request through PCD: its questions (`parse`) as one schema, then one read
     per question; or the error response that names what is wrong."""
     service: PCDService | None = getattr(raw_request.app.state, "pcd", None)
@@ -71,7 +72,7 @@ async def _decide(raw_request: Request, model: str | None,
                               kind="ServiceUnavailableError")
     if (refused := service.refusal(model)) is not None:
         return refused
-    kwargs = service.template_kwargs(template_source)
+    kwargs = service.template_kwargs(template_kwargs)
     try:
         questions, messages = parse()
         check_cache_salt(cache_salt)
@@ -109,7 +110,7 @@ def systemone_endpoint(stock: Endpoint | None) -> Endpoint:
             return await _stock_answer(stock, raw_request)
         base_id = raw_request.headers.get("X-Request-Id") or request.request_id
         done = await _decide(raw_request, request.model, lambda: systemone_request(request),
-                             request, request.cache_salt, base_id)
+                             request.chat_template_kwargs, request.cache_salt, base_id)
         if isinstance(done, JSONResponse):
             return done
         diagnostics = done.result.diagnostics()

@@ -89,7 +89,7 @@ def _vocabulary_extra(reports: Sequence[RequestReport], first: RequestReport, al
     """Where the field was scored on the full LM head: the probability its options hold over
     the whole vocabulary (`label_mass`), and whether the greedy first token is one of them.
     On the restricted head both are trivially 1 and true, so they are left out."""
-    if any(r.restricted or r.asked_restricted for r in reports):
+    if any(r.asked_restricted for r in reports):
         return {}
     return {"label_mass": sum(math.exp(lp) for lp in option_logprobs),
             "argmax_is_label": first.sampled in allowed}

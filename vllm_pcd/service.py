@@ -194,13 +194,13 @@ class PCDService:
         """`--chat-template`, or None for the model's own."""
         return getattr(self.serving_chat, "chat_template", None)
 
-    def template_kwargs(self, request: Any) -> dict[str, Any]:
+    def template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """`--default-chat-template-kwargs` under the request's own, as vLLM's route merges
         them (a null template variable leaves the default)."""
         defaults = getattr(self.serving_chat, "default_chat_template_kwargs", None) or {}
-        given = {k: v for k, v in (getattr(request, "chat_template_kwargs", None) or {}).items()
-                 if v is not None or k in PCD_KEYS}  # a null PCD option is refused, not unset
-        return {**defaults, **given}
+        kept = {k: v for k, v in (given or {}).items()
+                if v is not None or k in PCD_KEYS}  # a null PCD option is refused, not unset
+        return {**defaults, **kept}
 
     def data_parallel_rank(self) -> int | None:
         """One engine for every request of a PCD call (its KV and its admission groups live
@@ -230,7 +230,7 @@ class PCDService:
     async def _answer(self, request: ChatCompletionRequest, mode_label: str) -> JSONResponse:
         if (refused := self.refusal(request.model)) is not None:
             return refused
-        kwargs = self.template_kwargs(request)
+        kwargs = self.template_kwargs(request.chat_template_kwargs)
         try:
             _refuse_unsupported(request)
             options = pcd_options(kwargs)
