@@ -6,6 +6,7 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
+- `sampler`: a batch mixing exact-id and top-k log-probabilities keeps each row's own.
 - `runner`: the engine runs the model runner `lm_head` patches (V1) unless told otherwise.
 - `app_v024`: on vLLM 0.24, which has no endpoint plugins, attaches PCD's route.
 - `errors`: which engine errors are the client's, per version.
@@ -30,7 +31,7 @@ def apply() -> None:
     if _applied:
         return
     version = check_vllm_version()
-    from vllm_pcd.internals import admission, fork, intake, lm_head, runner, tags
+    from vllm_pcd.internals import admission, fork, intake, lm_head, runner, sampler, tags
 
     tags.channel_key()  # generated here, before vLLM spawns the processes that inherit it
     intake.apply()
@@ -38,6 +39,7 @@ def apply() -> None:
     fork.apply()  # on 0.24: off, said at start-up (no partial-block hits to fork from)
     lm_head.apply()
     runner.apply()
+    sampler.apply()
     _applied = True
     if version == "0.24.0":  # no endpoint plugins: the route is attached to the app builder
         from vllm_pcd.internals import app_v024
