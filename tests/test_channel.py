@@ -197,7 +197,7 @@ before = Scheduler.add_request
 load_general_plugins()
 from vllm_pcd import internals
 print("patched" if Scheduler.add_request is not before else "stock", internals.active(),
-      "key" if "PCD_TAG_KEY" in os.environ else "nokey")
+      "key" if "VLLM_PCD_TAG_KEY" in os.environ else "nokey")
 """
 
 
@@ -205,13 +205,35 @@ print("patched" if Scheduler.add_request is not before else "stock", internals.a
     (None, "stock False nokey"), ("other", "stock False nokey"), ("fl,pcd", "patched True key")])
 def test_installed_is_not_enabled(plugins, expected):
     """vLLM loads every general plugin when VLLM_PLUGINS is unset: PCD patches nothing then."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "PCD_TAG_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_PCD_TAG_KEY")}
     if plugins is not None:
         env["VLLM_PLUGINS"] = plugins
     run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.parametrize("preset", ["", "short"])
+def test_a_weak_preset_key_refuses_to_start(preset):
+    """An empty or short VLLM_PCD_TAG_KEY would make tags forgeable: loading the plugin fails,
+    so `vllm serve` does not start."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    env.update(VLLM_PLUGINS="pcd", VLLM_PCD_TAG_KEY=preset)
+    run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode != 0
+    assert f"VLLM_PCD_TAG_KEY is set to {len(preset)} characters" in run.stderr
+
+
+def test_the_key_reaches_every_engine_vllm_starts():
+    """Ray engine actors get the variables vLLM copies to them: the key is among them."""
+    from vllm.ray.ray_env import get_env_vars_to_copy
+
+    from vllm_pcd.internals import tags
+
+    tags.channel_key()
+    assert tags.KEY_ENV in get_env_vars_to_copy()
 
 
 def test_serving_flags_that_slow_pcd_are_named():

@@ -62,10 +62,12 @@ class Decided:
 
 async def _decide(raw_request: Request, model: str | None,
                   parse: Callable[[], tuple[list[Question], list[dict[str, Any]]]],
-                  template_kwargs: dict[str, Any] | None, cache_salt: Any, base_id: str
+                  template_kwargs: dict[str, Any] | None, cache_salt: Any
                   ) -> Decided | JSONResponse:
     """A decision request through PCD: its questions (`parse`) as one schema, then one read
-    per question; or the error response that names what is wrong."""
+    per question; or the error response that names what is wrong. Its engine requests get
+    fresh ids of their own: a client's id (`X-Request-Id`, `request_id`) names only the
+    response, so no client can collide with, or abort, another's requests."""
     service: PCDService | None = getattr(raw_request.app.state, "pcd", None)
     if service is None:
         return error_response(HTTPStatus.SERVICE_UNAVAILABLE, "PCD is not initialised",
@@ -88,7 +90,8 @@ async def _decide(raw_request: Request, model: str | None,
         return _bad_request(err)
     result = await service.run(messages, spec, options, kwargs,
                                chat_template=service.server_chat_template, cache_salt=cache_salt,
-                               request_id=f"decision-{base_id}", mode_label=options.mode,
+                               request_id=f"decision-pcd-{uuid.uuid4().hex}",
+                               mode_label=options.mode,
                                full_vocabulary=True)
     if not isinstance(result, PCDResult):
         return result
@@ -110,10 +113,10 @@ def systemone_endpoint(stock: Endpoint | None) -> Endpoint:
             return await _stock_answer(stock, raw_request)
         base_id = raw_request.headers.get("X-Request-Id") or request.request_id
         done = await _decide(raw_request, request.model, lambda: systemone_request(request),
-                             request.chat_template_kwargs, request.cache_salt, base_id)
+                             request.chat_template_kwargs, request.cache_salt)
         if isinstance(done, JSONResponse):
             return done
-        diagnostics = done.result.diagnostics()
+        diagnostics = done.result.diagnostics(done.service.reveals_cache)
         return JSONResponse(content={
             **systemone_response(base_id, done.model, done.questions, done.reads,
                                  diagnostics["tokens"]["ideal"]),
@@ -136,13 +139,13 @@ async def _stock_answer(stock: Endpoint | None, raw_request: Request) -> Any:
 @with_cancellation
 async def create_decisions(request: DecisionsRequest, raw_request: Request):
     done = await _decide(raw_request, request.model, lambda: decisions_request(request), None,
-                         request.cache_salt,
-                         raw_request.headers.get("X-Request-Id") or uuid.uuid4().hex)
+                         request.cache_salt)
     if isinstance(done, JSONResponse):
         return done
-    tokens = done.result.diagnostics()["tokens"]
+    tokens = done.result.diagnostics(done.service.reveals_cache)["tokens"]
     return JSONResponse(content=decisions_response(done.model, done.questions, done.reads,
-                                                   tokens["ideal"], tokens["computed"]))
+                                                   tokens["ideal"],
+                                                   tokens.get("computed", tokens["ideal"])))
 
 
 def attach(app: FastAPI) -> None:

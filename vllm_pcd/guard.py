@@ -1,12 +1,12 @@
 """The API server refuses, on every route, request bodies that would reach what a client
-must not touch, with a 400 naming the part:
-- `vllm_xargs` keys PCD reserves: vLLM copies a request's `vllm_xargs` into
-  `SamplingParams.extra_args` on every route (chat, completions, responses, ...), the dict
-  PCD's engine-side patches read. The engine core rejects anything there it did not sign
-  (`internals.tags`); this answers the client before that;
+must not touch, with a 400 naming the part, before vLLM's handlers see them:
+- `vllm_xargs` keys PCD reserves. This is the early answer for plain JSON bodies; the check
+  that sees every form (escaped keys, UTF-16, multipart, token-in routes) is vLLM's input
+  validation (`internals.validation`);
 - a `structured_outputs` that is not an object: vLLM 0.32's request validators call `.get`
   on it and answer a 500 (found by tests/test_hostile.py).
-Only JSON POST bodies that mention either name are parsed.
+Only POST bodies that spell either key are parsed, so an ordinary body (images included)
+costs one byte search.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 def refused_part(body: bytes) -> tuple[str, str] | None:
     """(param, message) for a JSON body this guard refuses; None for every other body."""
-    if RESERVED_PREFIX.encode() not in body.lower() and b"structured_outputs" not in body:
+    if b"vllm_xargs" not in body and b"structured_outputs" not in body:
         return None
     try:
         request = json.loads(body)

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import json
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,9 +28,37 @@ from vllm_pcd.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.sequence import NORMALIZATIONS, SequenceFieldPlan, node_lookup
 
 logger = init_logger("vllm.pcd")
-# Planning (chat template, tokenizer passes) blocks for milliseconds to seconds: on the API
-# server it runs here, one plan at a time, never on the event loop.
-_PLANNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcd-plan")
+
+
+class Overloaded(Exception):
+    """More PCD calls wait for planning than `limits.max_queued_plans`: refused (HTTP 429)."""
+
+
+class Planner:
+    """Planning (chat template, tokenizer passes) blocks for milliseconds: on the API server
+    it runs on one thread of its own, never on the event loop. Its queue is bounded (a call
+    past the bound is refused at once), and a caller that gives up (timeout, disconnect)
+    takes its work out of the queue, or stops it between continuations if it has begun."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcd-plan")
+        self.waiting = 0
+
+    async def plan(self, bound: int, build: Any, *args: Any) -> Plan:
+        if self.waiting >= bound:
+            raise Overloaded(f"{self.waiting} PCD calls are waiting for planning "
+                             f"(limits.max_queued_plans = {bound}); retry later")
+        self.waiting += 1
+        stop = threading.Event()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, functools.partial(build, *args, cancelled=stop.is_set))
+        finally:
+            stop.set()
+            self.waiting -= 1
+
+
+PLANNER = Planner()
 
 
 @dataclass(frozen=True)
@@ -56,7 +85,18 @@ class PCDResult:
         return {"route": self.projection_route if measured else None,
                 "restricted_requests": measured, "fallbacks": asked - measured}
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self, reveal_cache: bool = True) -> dict[str, Any]:
+        """`reveal_cache` False leaves out what tells a cache hit (tokens computed, context
+        and prior cached), as vLLM does without --enable-prompt-tokens-details."""
+        diagnostics = self._diagnostics()
+        if not reveal_cache:
+            for key in ("computed", "context_cached"):
+                diagnostics["tokens"].pop(key)
+            for key in ("prior_cached", "prior_tokens_computed"):
+                (diagnostics["calibration"] or {}).pop(key, None)
+        return diagnostics
+
+    def _diagnostics(self) -> dict[str, Any]:
         ex = self.execution
         shared = len(self.plan.shared_ids)
         modes = {r.extra["mode"] for r in self.fields}
@@ -256,12 +296,9 @@ async def constrained_online(engine: Any, tokenizer: Any, messages: list[dict[st
     """On a prior's cache miss its engine requests run beside the document's, in the same
     engine steps. `full_vocabulary` keeps the stock LM head, so each field also reports the
     mass its options hold over the whole vocabulary."""
-    loop = asyncio.get_running_loop()
-
     def plan_of(conversation: list[dict[str, Any]]) -> Any:
-        return loop.run_in_executor(_PLANNER, functools.partial(
-            build_plan, tokenizer, spec, conversation, limits, template_kwargs, chat_template,
-            mode, formulation, layout))
+        return PLANNER.plan(limits.max_queued_plans, build_plan, tokenizer, spec, conversation,
+                            limits, template_kwargs, chat_template, mode, formulation, layout)
 
     def execute(plan: Plan, rid: str | None) -> Any:
         return run_online(engine, plan, branches_per_batch=limits.max_branches_per_batch,

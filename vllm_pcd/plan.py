@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
+from vllm_pcd.in_context import InContext
 from vllm_pcd.schema import MODES, FieldSpec, Limits, SchemaError, SchemaSpec, shown
-from vllm_pcd.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
-                               common_prefix, serialize)
+from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, candidate_texts, serialize
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -265,36 +265,28 @@ def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]],
     return text
 
 
-class InContext:
-    """The tokens each continuation adds to one rendered text, cut from the tokenization of
-    the whole text (context + continuation): exactly what the model reads. Tokenizing a
-    branch on its own would differ wherever a tokenizer treats the start of a text
-    specially (a SentencePiece dummy prefix writes `▁{`) or merges across the boundary.
+def check_conversation(messages: Sequence[Any], limits: Limits) -> None:
+    """Bounds a conversation before it is rendered: messages, and characters of text (every
+    string in every message, so any content shape counts)."""
+    if len(messages) > limits.max_messages:
+        raise SchemaError(f"messages: {len(messages)} messages; the limit is "
+                          f"{limits.max_messages} (limits.max_messages)", param="messages",
+                          rule="max_messages")
+    chars = sum(_chars(m) for m in messages)
+    if chars > limits.prompt_chars:
+        raise SchemaError(f"messages: {chars} characters of text; the limit is "
+                          f"{limits.prompt_chars} (limits.max_prompt_chars)", param="messages",
+                          rule="max_prompt_chars")
 
-    The shared context is the longest token prefix every whole text keeps, and it may run
-    past the rendered text: tokens every branch begins with (the `{"` that opens each JSON
-    stem) are then computed once, in the prefill, instead of once per branch. Each group is
-    one field's continuations, its stem first; the shared context stops short of the last
-    token a stem shares with each of its values, so that every branch and every value still
-    adds a token of its own."""
 
-    def __init__(self, tokenizer: Tokenizer, text: str, groups: Sequence[Sequence[str]]):
-        # The template writes any BOS itself; adding special tokens again would double it.
-        context = tokenizer.encode(text, add_special_tokens=False)
-        whole = {c: tokenizer.encode(text + c, add_special_tokens=False)
-                 for group in groups for c in group}
-        first = next(iter(whole.values()))
-        agreed = min(common_prefix(first, ids) for ids in whole.values())
-        keep = min(len(context), common_prefix(context, first), agreed)
-        if keep == len(context):
-            own = [common_prefix(whole[group[0]], whole[c]) - 1
-                   for group in groups for c in group[1:]]
-            keep = max(keep, min([agreed, *own, *(len(ids) - 1 for ids in whole.values())]))
-        self.shared_ids = tuple(first[:keep])
-        self._added = {c: tuple(ids[keep:]) for c, ids in whole.items()}
-
-    def __call__(self, continuation: str) -> tuple[int, ...]:
-        return self._added[continuation]
+def _chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_chars(v) for v in value)
+    return 0
 
 
 def _value_end(field: FieldSpec, formulation: str, fields: int) -> str | None:
@@ -364,8 +356,11 @@ def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyField
 def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
                limits: Limits = Limits(), template_kwargs: dict[str, Any] | None = None,
                chat_template: str | None = None, mode: str = "token",
-               formulation: str = DEFAULT_FORMULATION, layout: str = DEFAULT_LAYOUT) -> Plan:
-    """`mode` is the request's default; a field's own `x-pcd-mode` wins."""
+               formulation: str = DEFAULT_FORMULATION, layout: str = DEFAULT_LAYOUT,
+               cancelled: Callable[[], bool] = lambda: False) -> Plan:
+    """`mode` is the request's default; a field's own `x-pcd-mode` wins. The size bounds are
+    checked before the work they bound: characters before rendering, the context's tokens
+    before any continuation is tokenized. `cancelled` stops planning early."""
     if mode not in MODES:
         raise SchemaError(f"pcd_mode must be one of {list(MODES)}", param="pcd_mode", rule="mode")
     if not isinstance(formulation, str) or formulation not in FORMULATIONS:
@@ -374,12 +369,19 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     if layout not in LAYOUTS:
         raise SchemaError(f"pcd_layout must be one of {list(LAYOUTS)}", param="pcd_layout",
                           rule="layout")
+    check_conversation(messages, limits)
     texts = [_field_text(tokenizer, f, f.mode or mode, formulation, len(schema.fields))
              for f in schema.fields]
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
     rendered = render_text(tokenizer, with_instruction(messages, instruction, layout),
                            template_kwargs, chat_template)
-    encode = InContext(tokenizer, rendered, [t.continuations() for t in texts])
+    context = tokenizer.encode(rendered, add_special_tokens=False)
+    if len(context) + 1 > limits.max_prompt_tokens:
+        raise SchemaError(f"the prompt takes {len(context)} tokens with the rendered schema, "
+                          f"before any answer; the limit is {limits.max_prompt_tokens}",
+                          param="messages", rule="max_prompt_tokens")
+    encode = InContext(tokenizer, rendered, [t.continuations() for t in texts], context,
+                       cancelled)
     plan = Plan(encode.shared_ids, tuple(_field_plan(encode, t, limits) for t in texts))
     requests = 1 + len(plan.scorings())  # the shared context, then every scoring request
     if requests > limits.max_engine_requests:

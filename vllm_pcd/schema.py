@@ -36,6 +36,14 @@ class Limits:
     max_branches_per_batch: int = 32
     max_engine_requests: int = 1024  # one PCD call's requests to the engine, context included
     max_request_seconds: int = 600   # a PCD call still running then is aborted (HTTP 504)
+    max_prompt_chars: int = 0  # characters of conversation text; 0: 16 per max_prompt_tokens
+    max_messages: int = 256
+    max_queued_plans: int = 64  # PCD calls waiting for or in planning; more get HTTP 429
+
+    @property
+    def prompt_chars(self) -> int:
+        """A text over 16 characters per allowed token is refused before it is tokenized."""
+        return self.max_prompt_chars or 16 * self.max_prompt_tokens
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> "Limits":

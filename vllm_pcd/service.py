@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from vllm.logger import init_logger
 from vllm_pcd import metrics
 from vllm_pcd.calibration import DEFAULT_CALIBRATION, check_calibration
 from vllm_pcd.internals.lm_head import configured_route
-from vllm_pcd.pcd import PCDResult, check_normalization, constrained_online
-from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT
+from vllm_pcd.pcd import Overloaded, PCDResult, check_normalization, constrained_online
+from vllm_pcd.plan import DEFAULT_FORMULATION, DEFAULT_LAYOUT, check_conversation
 from vllm_pcd.schema import MODES, Limits, SchemaError, SchemaSpec, parse_schema, shown
 
 logger = init_logger("vllm.pcd.server")
@@ -215,6 +216,21 @@ class PCDService:
                                   param="model", kind="NotFoundError")
         return None
 
+    @property
+    def reveals_cache(self) -> bool:
+        """vLLM's rule: cache hits are reported only with --enable-prompt-tokens-details
+        (without a cache_salt they tell one tenant what another sent)."""
+        return bool(getattr(self.serving_chat, "enable_prompt_tokens_details", False))
+
+    async def answer_chat(self, handler: Any, request: ChatCompletionRequest
+                          ) -> tuple[int, dict[str, Any]] | None:
+        """vLLM's chat handler asks this first (`internals.handler`): PCD's answer as (HTTP
+        status, OpenAI body), or None for a request that is not PCD's."""
+        if not is_pcd_request(request):
+            return None
+        response = await self.answer(request)
+        return response.status_code, json.loads(response.body)
+
     async def answer(self, request: ChatCompletionRequest) -> JSONResponse:
         mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
         mode = mode if mode in MODES else "invalid"
@@ -245,7 +261,7 @@ class PCDService:
                                 mode_label=mode_label)
         if isinstance(result, JSONResponse):
             return result
-        diagnostics = result.diagnostics()
+        diagnostics = result.diagnostics(self.reveals_cache)
         return JSONResponse(content=completion(request_id, request.model or
                                                self.state.openai_serving_models.model_name(),
                                                result.content, diagnostics, len(spec.fields)))
@@ -266,6 +282,7 @@ class PCDService:
         start = time.perf_counter()
         bound = self.limits.max_request_seconds
         try:
+            check_conversation(messages, self.limits)  # before it waits for the planner
             async with asyncio.timeout(bound):
                 result = await constrained_online(
                     self.engine, self.tokenizer, messages, spec, limits=self.limits,
@@ -278,6 +295,9 @@ class PCDService:
                     full_vocabulary=full_vocabulary)
         except SchemaError as err:  # limits that depend on the tokenized prompt
             return error_response(HTTPStatus.BAD_REQUEST, str(err), param=err.param)
+        except Overloaded as err:
+            return error_response(HTTPStatus.TOO_MANY_REQUESTS, str(err),
+                                  kind="TooManyRequestsError")
         except TimeoutError:
             logger.warning("PCD request %s aborted after its %d s bound", request_id, bound)
             return error_response(HTTPStatus.GATEWAY_TIMEOUT,
@@ -324,6 +344,11 @@ def completion(request_id: str, model: str, content: str, diagnostics: dict[str,
                decisions: int) -> dict[str, Any]:
     """An OpenAI chat completion carrying the object, with PCD's diagnostics beside it."""
     prompt_tokens = diagnostics["tokens"]["ideal"]
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": decisions,
+                             "total_tokens": prompt_tokens + decisions}
+    if "computed" in diagnostics["tokens"]:  # cache hits revealed on this server
+        usage["prompt_tokens_details"] = {
+            "cached_tokens": prompt_tokens - min(prompt_tokens, diagnostics["tokens"]["computed"])}
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -335,13 +360,6 @@ def completion(request_id: str, model: str, content: str, diagnostics: dict[str,
             "logprobs": None,
             "finish_reason": "stop",
         }],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": decisions,
-            "total_tokens": prompt_tokens + decisions,
-            "prompt_tokens_details": {
-                "cached_tokens": prompt_tokens - min(prompt_tokens,
-                                                     diagnostics["tokens"]["computed"])},
-        },
+        "usage": usage,
         "pcd": diagnostics,
     }

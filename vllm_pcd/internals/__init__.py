@@ -2,6 +2,9 @@
 
 `apply()` checks the vLLM version first and refuses an untested one; each module below
 patches one concern and is written against the versions in `vllm_pcd.compat`.
+- `validation`: the API server verifies each request's PCD tag as vLLM validates it.
+- `handler`: vLLM's chat handler answers PCD requests (every door that calls it); other
+  doors refuse `pcd_schema`.
 - `intake`: the engine core verifies each request's PCD tag (`tags`) as it arrives.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
@@ -31,10 +34,13 @@ def apply() -> None:
     if _applied:
         return
     version = check_vllm_version()
-    from vllm_pcd.internals import admission, fork, intake, lm_head, runner, sampler, tags
+    from vllm_pcd.internals import (admission, fork, handler, intake, lm_head, runner, sampler,
+                                    tags, validation)
 
     tags.channel_key()  # generated here, before vLLM spawns the processes that inherit it
     intake.apply()
+    validation.apply()
+    handler.refuse_stray_schema()
     admission.apply()
     fork.apply()  # on 0.24: off, said at start-up (no partial-block hits to fork from)
     lm_head.apply()

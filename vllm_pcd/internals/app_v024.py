@@ -1,6 +1,7 @@
 """vLLM 0.24 has no `vllm.endpoint_plugins` group: PCD's route is attached by wrapping the API
 server's app builder and state initialiser, which is what 0.32 does through its endpoint
-plugin hooks (`PCDEndpointPlugin.attach_router`, `init_state`). Only the API server process
+plugin hooks (`PCDEndpointPlugin.attach_router`, `init_state`); `vllm run-batch` builds its
+state with the same initialiser, imported by name. Only the API server process
 has imported the module it patches; the engine and worker processes are left alone."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from typing import Any
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+RUN_BATCH = "vllm.entrypoints.openai.run_batch"  # imported init_app_state by name
 
 
 def apply() -> None:
@@ -37,3 +39,6 @@ def apply() -> None:
 
     module.build_app = build_app_with_pcd
     module.init_app_state = init_app_state_with_pcd
+    batch = sys.modules.get(RUN_BATCH)
+    if batch is not None and getattr(batch, "init_app_state", None) is init_app_state:
+        batch.init_app_state = init_app_state_with_pcd

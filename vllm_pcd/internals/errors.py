@@ -25,3 +25,13 @@ def vllm_error_response(err: BaseException) -> Any:
         from vllm.entrypoints.serve.exception_handling.error_response import (
             create_error_response)
     return create_error_response(err)
+
+
+def client_error(message: str, param: str) -> Exception:
+    """The error vLLM's input validation raises for a bad request: its routes answer it with
+    a 400 naming `param`."""
+    if vllm_version() == "0.24.0":
+        return ValueError(message)
+    from vllm.exceptions import VLLMValidationError
+
+    return VLLMValidationError(message, parameter=param)

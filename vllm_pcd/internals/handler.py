@@ -1,0 +1,66 @@
+"""PCD answers at vLLM's chat handler, so every door that reaches it answers the same.
+
+`OpenAIServingChat.create_chat_completion` is what the HTTP route, SageMaker's
+`/invocations`, `vllm run-batch`, and the chat-based routes built on it (Anthropic's
+`/v1/messages`) call. Wrapping it there, instead of replacing one HTTP route, gives all of
+them PCD's answer for a body whose `chat_template_kwargs` carry a PCD key, as vLLM's own
+response types (`ChatCompletionResponse`, or `ErrorResponse` with its status).
+
+Every other door renders a chat through vLLM's own `ChatParams` and would drop `pcd_schema`
+(HF templates keep only the variables they use) and answer free text. Building a
+`ChatParams` that carries `pcd_schema` is refused instead, with a `ValueError` that vLLM's
+routes answer as a 400 naming the doors that answer it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Awaitable, Callable
+
+CHAT_SERVING = "vllm.entrypoints.openai.chat_completion.serving"
+SCHEMA_KEY = "pcd_schema"
+STRAY_SCHEMA = ("chat_template_kwargs.pcd_schema is answered by vllm-pcd on /v1/chat/completions "
+                "(also through /invocations and vllm run-batch) and on the offline "
+                "vllm_pcd.constrained API; this entry point cannot carry it")
+
+# (handler, request) -> (HTTP status, OpenAI body), or None: not PCD's request.
+Answer = Callable[[Any, Any], Awaitable[tuple[int, dict[str, Any]] | None]]
+
+
+def install_chat_hook(answer: Answer) -> None:
+    """Idempotent: the last `answer` installed serves every handler of this process."""
+    module = sys.modules.get(CHAT_SERVING) or __import__(CHAT_SERVING, fromlist=["_"])
+    handler_cls = module.OpenAIServingChat
+    stock = getattr(handler_cls.create_chat_completion, "__pcd_stock__",
+                    handler_cls.create_chat_completion)
+
+    @functools.wraps(stock)
+    async def create_chat_completion(self: Any, request: Any, raw_request: Any = None) -> Any:
+        answered = await answer(self, request)
+        if answered is None:
+            return await stock(self, request, raw_request)
+        status, body = answered
+        if status >= 400:
+            return module.ErrorResponse.model_validate(body)
+        return module.ChatCompletionResponse.model_validate(body)
+
+    create_chat_completion.__pcd_stock__ = stock
+    handler_cls.create_chat_completion = create_chat_completion
+
+
+def refuse_stray_schema() -> None:
+    """Every chat vLLM renders itself is checked as its parameters are built."""
+    from vllm.renderers.params import ChatParams
+
+    init = getattr(ChatParams.__init__, "__pcd_stock__", ChatParams.__init__)
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        carried = self.chat_template_kwargs
+        if isinstance(carried, dict) and SCHEMA_KEY in carried:
+            raise ValueError(STRAY_SCHEMA)
+
+    checked_init.__pcd_stock__ = init
+    ChatParams.__init__ = checked_init
