@@ -34,3 +34,10 @@ def register() -> None:
         internals.apply()
     except UnsupportedVLLMVersion as err:
         logger.warning("vllm-pcd is off, vLLM runs as stock: %s", err)
+        return
+    from vllm_pcd.internals import entry_points
+
+    if entry_points.loaded():  # the API server or the batch runner, not an engine process
+        from vllm_pcd.server import PCDEndpointPlugin
+
+        entry_points.attach(PCDEndpointPlugin())

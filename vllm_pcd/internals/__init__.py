@@ -11,7 +11,8 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
 - `sampler`: a batch mixing exact-id and top-k log-probabilities keeps each row's own.
 - `runner`: the engine runs the model runner `lm_head` patches (V1) unless told otherwise.
-- `app_v024`: on vLLM 0.24, which has no endpoint plugins, attaches PCD's route.
+- `entry_points`: attaches the serving layer to `vllm run-batch` and, on vLLM 0.24 (no
+  endpoint plugins), to the API server (`app_v024`).
 - `errors`: which engine errors are the client's, per version.
 """
 
@@ -33,7 +34,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
-    version = check_vllm_version()
+    check_vllm_version()
     from vllm_pcd.internals import (admission, fork, handler, intake, lm_head, runner, sampler,
                                     tags, validation)
 
@@ -47,7 +48,3 @@ def apply() -> None:
     runner.apply()
     sampler.apply()
     _applied = True
-    if version == "0.24.0":  # no endpoint plugins: the route is attached to the app builder
-        from vllm_pcd.internals import app_v024
-
-        app_v024.apply()
