@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks import bench_latency, bench_throughput, evaluate
+from benchmarks import bench_latency, bench_refusals, bench_throughput, evaluate
 from benchmarks.methods import Client, load_tokenizer, make_task, run_method
 from tests.conftest import API_KEY
 
@@ -102,3 +102,9 @@ def test_quick_throughput(url, model_path, tmp_path):
                 assert row["documents"] == (2 if cell["concurrency"] == 1 else 4)
                 assert row["schema_valid"] in (True, None), name
                 assert row["tokens_per_doc"] > 0
+
+
+def test_quick_refusal_benchmark(url, tmp_path):
+    results = bench_refusals.main(["--quick", "--url", url, "--out", str(tmp_path / "r")])
+    assert len(results["samples"]["loaded"]) == len(results["samples"]["idle"]) == 6
+    assert results["oversized_sent"] > 0 and (tmp_path / "r.json").exists()

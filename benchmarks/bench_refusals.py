@@ -1,0 +1,123 @@
+"""What an oversized body costs the server, and what it costs everyone else.
+
+One server, measured side by side in one run:
+- the latency of refusing a PCD body of ~1 MB of text (a 400 naming `max_prompt_chars`)
+  against an ordinary PCD call's;
+- an ordinary PCD call's latency idle, then while other clients send oversized bodies
+  back to back, in alternating rounds so that drift on a shared machine hits both alike.
+The ratios are what to read; the seconds are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.methods import RESULTS, run_on_server
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["refund", "topic"],
+          "properties": {"refund": {"type": "boolean"},
+                         "topic": {"enum": ["billing", "shipping", "account"]}}}
+ORDINARY = "I was charged twice for my order. Please refund the duplicate charge."
+
+
+def body(model: str, text: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}],
+            "chat_template_kwargs": {"pcd_schema": SCHEMA}}
+
+
+async def timed(http: httpx.AsyncClient, payload: dict[str, Any], status: int) -> float:
+    start = time.perf_counter()
+    response = await http.post("/v1/chat/completions", json=payload)
+    elapsed = time.perf_counter() - start
+    if response.status_code != status:
+        raise RuntimeError(f"expected HTTP {status}, got {response.status_code}: "
+                           f"{response.text[:300]}")
+    return elapsed
+
+
+async def flood(http: httpx.AsyncClient, payload: dict[str, Any], stop: asyncio.Event) -> int:
+    sent = 0
+    while not stop.is_set():
+        await timed(http, payload, 400)
+        sent += 1
+    return sent
+
+
+async def measure(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any]:
+    key = os.environ.get("OPENAI_API_KEY", "EMPTY")
+    async with httpx.AsyncClient(base_url=url, timeout=600,
+                                 headers={"Authorization": f"Bearer {key}"}) as http:
+        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        ordinary = body(model, ORDINARY)
+        huge = body(model, "word " * (args.megabytes * 200_000))
+        await timed(http, ordinary, 200)  # warm
+        refusals = [await timed(http, huge, 400) for _ in range(args.reps)]
+        idle, loaded, sent = [], [], 0
+        for _ in range(args.rounds):
+            idle += [await timed(http, ordinary, 200) for _ in range(args.reps)]
+            stop = asyncio.Event()
+            floods = [asyncio.create_task(flood(http, huge, stop)) for _ in range(args.flooders)]
+            await asyncio.sleep(0.05)
+            loaded += [await timed(http, ordinary, 200) for _ in range(args.reps)]
+            stop.set()
+            sent += sum(await asyncio.gather(*floods))
+    return {"serving": serving, "megabytes": args.megabytes, "flooders": args.flooders,
+            "refusal_s": statistics.median(refusals), "idle_s": statistics.median(idle),
+            "loaded_s": statistics.median(loaded), "oversized_sent": sent,
+            "samples": {"refusal": refusals, "idle": idle, "loaded": loaded}}
+
+
+def table(results: dict[str, Any]) -> str:
+    r = results
+    return "\n".join([
+        f"{r['serving']}; {r['flooders']} clients sending {r['megabytes']} MB bodies "
+        f"({r['oversized_sent']} sent)", "",
+        "| what | median s | ratio |", "|---|---|---|",
+        f"| refusal of a {r['megabytes']} MB body | {r['refusal_s']:.4f} | "
+        f"{r['refusal_s'] / r['idle_s']:.2f} of an ordinary call |",
+        f"| ordinary PCD call, idle | {r['idle_s']:.4f} | 1.00 |",
+        f"| ordinary PCD call, under oversized bodies | {r['loaded_s']:.4f} | "
+        f"{r['loaded_s'] / r['idle_s']:.2f} of idle |"])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from vllm_pcd.models import default_model_path
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_refusals",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--url", help="attach to a running server with the pcd plugin")
+    parser.add_argument("--model", default=str(default_model_path()))
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 calls")
+    parser.add_argument("--megabytes", type=int, default=1)
+    parser.add_argument("--flooders", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--out", type=Path, help="output path without suffix "
+                        "(default benchmarks/results/refusals[-quick])")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.reps = 2, 3
+    args.out = args.out or RESULTS / ("refusals-quick" if args.quick else "refusals")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import json
+
+    args = parse_args(argv)
+    results = run_on_server(args, measure)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
