@@ -189,6 +189,39 @@ def test_the_guard_refuses_or_replays_the_body():
     assert seen == [b'{"mod', b'el": "pcd", "vllm_xargs": {"seed": 1}}']
 
 
+def test_a_refusal_a_route_lets_escape_is_answered_by_the_guard():
+    """vLLM 0.24's token-in and tokenize routes do not catch validation errors: PCD's own
+    refusal raised inside them still reaches the client as its 400, and any other error
+    propagates as before."""
+    from vllm_pcd.internals.errors import client_error
+
+    def app_raising(err):
+        async def app(scope, receive, send):
+            await receive()
+            raise err
+        return app
+
+    async def call(app):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        await RequestGuard(app)({"type": "http", "method": "POST"}, receive, send)
+        return sent
+
+    sent = asyncio.run(call(app_raising(client_error("pcd key reserved", "vllm_xargs"))))
+    assert sent[0]["status"] == 400
+    error = json.loads(sent[1]["body"])["error"]
+    assert error == {"message": "pcd key reserved", "type": "BadRequestError",
+                     "param": "vllm_xargs", "code": 400}
+    with pytest.raises(RuntimeError):
+        asyncio.run(call(app_raising(RuntimeError("a server fault"))))
+
+
 PROBE = """
 import os, sys
 from vllm.plugins import load_general_plugins

@@ -70,7 +70,7 @@ def test_doors_that_cannot_carry_pcd_schema_refuse_it(http, path, body):
     response = http.post(path, json={"model": http.model, **body,
                                      "chat_template_kwargs": {"pcd_schema": SUPPORT_SCHEMA}})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["message"] == STRAY_SCHEMA
+    assert response.json()["error"]["message"].startswith(STRAY_SCHEMA)
 
 
 @pytest.mark.parametrize("form", ["escaped", "utf-16", "utf-32", "completions"])
@@ -89,7 +89,9 @@ def test_every_spelling_of_a_reserved_key_is_a_400(http, form):
     response = http.post(path, content=content, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "vllm_xargs" and "reserved" in error["message"]
+    # vLLM 0.24's validation errors carry no param: the message names it there.
+    assert "vllm_xargs" in (error["param"], *error["message"].split())
+    assert "reserved" in error["message"]
     answered_by_pcd(http.post("/v1/chat/completions", json=pcd_body(http)))
 
 

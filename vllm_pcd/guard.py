@@ -6,7 +6,8 @@ must not touch, with a 400 naming the part, before vLLM's handlers see them:
 - a `structured_outputs` that is not an object: vLLM 0.32's request validators call `.get`
   on it and answer a 500 (found by tests/test_hostile.py).
 Only POST bodies that spell either key are parsed, so an ordinary body (images included)
-costs one byte search.
+costs one byte search. A refusal PCD raises inside vLLM's code (`internals.errors.client_error`)
+that a route lets escape is answered here with the same 400.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def refusal(param: str, message: str) -> bytes:
                                  "param": param, "code": 400}}).encode()
 
 
+async def _answer_400(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class RequestGuard:
     """Pure ASGI middleware (the body is read once and replayed to the app unchanged)."""
 
@@ -68,14 +76,23 @@ class RequestGuard:
                 break
         refused = refused_part(b"".join(chunks))
         if refused is not None:
-            body = refusal(*refused)
-            await send({"type": "http.response.start", "status": 400,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return None
+            return await _answer_400(send, refusal(*refused))
 
         async def replay() -> dict[str, Any]:
             return messages.pop(0) if messages else await receive()
 
-        return await self.app(scope, replay, send)
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            return await self.app(scope, replay, tracked)
+        except Exception as err:
+            # A refusal PCD raised inside vLLM's code that the route did not answer itself.
+            refused = getattr(err, "pcd_refusal", None)
+            if refused is None or started:
+                raise
+        return await _answer_400(send, refusal(*refused))

@@ -28,10 +28,25 @@ def vllm_error_response(err: BaseException) -> Any:
 
 
 def client_error(message: str, param: str) -> Exception:
-    """The error vLLM's input validation raises for a bad request: its routes answer it with
-    a 400 naming `param`."""
+    """The error vLLM's input validation raises for a bad request, which its routes answer
+    with a 400. It also carries `pcd_refusal` (param, message): a route that lets it escape
+    (vLLM 0.24's token-in and tokenize routes) is answered with that 400 by the guard."""
     if vllm_version() == "0.24.0":
-        return ValueError(message)
+        err: Exception = _Refusal024(message)
+    else:
+        err = _refusal_class()(message, parameter=param)
+    err.pcd_refusal = (param, message)  # type: ignore[attr-defined]
+    return err
+
+
+class _Refusal024(ValueError):
+    """vLLM 0.24 validates with plain ValueErrors."""
+
+
+def _refusal_class() -> type[Exception]:
     from vllm.exceptions import VLLMValidationError
 
-    return VLLMValidationError(message, parameter=param)
+    class PCDRefusal(VLLMValidationError, ValueError):
+        """vLLM 0.32's validation error, and a ValueError for the routes that catch those."""
+
+    return PCDRefusal

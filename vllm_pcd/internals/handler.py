@@ -8,8 +8,8 @@ response types (`ChatCompletionResponse`, or `ErrorResponse` with its status).
 
 Every other door renders a chat through vLLM's own `ChatParams` and would drop `pcd_schema`
 (HF templates keep only the variables they use) and answer free text. Building a
-`ChatParams` that carries `pcd_schema` is refused instead, with a `ValueError` that vLLM's
-routes answer as a 400 naming the doors that answer it.
+`ChatParams` that carries `pcd_schema` is refused instead, with vLLM's own validation error
+(a 400 naming the doors that answer it).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import sys
 from typing import Any, Awaitable, Callable
+
+from vllm_pcd.internals.errors import client_error
 
 CHAT_SERVING = "vllm.entrypoints.openai.chat_completion.serving"
 SCHEMA_KEY = "pcd_schema"
@@ -60,7 +62,7 @@ def refuse_stray_schema() -> None:
         init(self, *args, **kwargs)
         carried = self.chat_template_kwargs
         if isinstance(carried, dict) and SCHEMA_KEY in carried:
-            raise ValueError(STRAY_SCHEMA)
+            raise client_error(STRAY_SCHEMA, f"chat_template_kwargs.{SCHEMA_KEY}")
 
     checked_init.__pcd_stock__ = init
     ChatParams.__init__ = checked_init
