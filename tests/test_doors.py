@@ -178,3 +178,11 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
         assert set(json.loads(body["choices"][0]["message"]["content"])) == \
             set(SUPPORT_SCHEMA["properties"])
     assert "pcd" not in out["plain"]["response"]["body"]
+
+
+def test_offline_chat_refuses_pcd_schema(fp32_llm):
+    """vLLM's offline `LLM.chat` renders with vLLM's own parameters: a pcd_schema there is
+    refused, naming `vllm_pcd.constrained`, instead of answered as free text."""
+    with pytest.raises(ValueError) as err:
+        fp32_llm.chat(MESSAGES, chat_template_kwargs={"pcd_schema": SUPPORT_SCHEMA})
+    assert str(err.value).startswith(STRAY_SCHEMA)
