@@ -13,7 +13,6 @@ import pytest
 
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
 from tests.test_decisions import DECISIONS, SYSTEMONE
-from vllm_pcd.compat import vllm_version
 from vllm_pcd.internals.handler import STRAY_SCHEMA
 
 MESSAGES = [{"role": "user", "content": MESSAGE}]
@@ -65,8 +64,6 @@ def test_messages_route_built_on_the_chat_handler_answers_pcd(http):
     ("/tokenize", {"messages": MESSAGES}),
 ])
 def test_doors_that_cannot_carry_pcd_schema_refuse_it(http, path, body):
-    if path == "/v1/chat/completions/batch" and vllm_version() == "0.24.0":
-        pytest.skip("vLLM 0.24 has no batch chat route")
     response = http.post(path, json={"model": http.model, **body,
                                      "chat_template_kwargs": {"pcd_schema": SUPPORT_SCHEMA}})
     assert response.status_code == 400, response.text
