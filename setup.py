@@ -15,6 +15,6 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["pcd = vllm_pcd.plugin:register"],
-        "vllm.endpoint_plugins": ["pcd = vllm_pcd.server:PCDEndpointPlugin"],
+        "vllm.endpoint_plugins": ["pcd = vllm_pcd.serving.endpoint:PCDEndpointPlugin"],
     },
 )

@@ -22,9 +22,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.harness import provenance, publish, run_on_server, save_figure
 from benchmarks.methods import (ANSWERING, METHODS, Client, Outcome, Task, load_tokenizer,
-                                make_task, provenance, publish, run_method, run_on_server,
-                                save_figure)
+                                make_task, run_method)
 from benchmarks.metrics import is_schema_valid, median, p90
 
 RESULTS = Path(__file__).resolve().parent / "results"

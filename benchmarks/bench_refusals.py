@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_latency import RESULTS
-from benchmarks.methods import run_on_server
+from benchmarks.harness import run_on_server
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["refund", "topic"],
           "properties": {"refund": {"type": "boolean"},

@@ -25,8 +25,8 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
-from benchmarks.methods import (Client, Outcome, Task, load_tokenizer, make_task, provenance,
-                                publish, run_method, run_on_server, save_figure)
+from benchmarks.harness import provenance, publish, run_on_server, save_figure
+from benchmarks.methods import Client, Outcome, Task, load_tokenizer, make_task, run_method
 from benchmarks.metrics import is_schema_valid, median
 
 # (method, layout) rows; AR JSON gets PCD's default layout, so it shares the prefix cache too.

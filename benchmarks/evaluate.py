@@ -26,12 +26,12 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks import public_data
-from benchmarks.methods import (METHODS, Client, Outcome, load_tokenizer, make_task, provenance,
-                                run_method, run_on_server, save_figure)
+from benchmarks.harness import provenance, run_on_server, save_figure
+from benchmarks.methods import METHODS, Client, Outcome, load_tokenizer, make_task, run_method
 from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_calibration_error,
                                 field_accuracy, first_option_share, median, p90,
                                 paired_bootstrap, reliability, true_share, valid_rate)
-from vllm_pcd.plan import DEFAULT_LAYOUT, LAYOUTS
+from vllm_pcd.core.prompt import DEFAULT_LAYOUT, LAYOUTS
 
 DEFAULT_DATA = public_data.DEV
 DEFAULT_METHODS = ["pcd_token", "pcd_token_json", "pcd_token_json_next", "pcd_token_cf",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import string
 from typing import Any, Iterator
 
-from vllm_pcd.schema import FieldSpec, SchemaSpec
+from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 LETTERS = string.ascii_uppercase
 

@@ -8,25 +8,26 @@ so no method ever starts from KV blocks another call (or an earlier repetition) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import openai
 
 from benchmarks.letter_reads import letter_prompts
 from vllm_pcd.models import fast_dtype
-from vllm_pcd.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, FieldPlan, Plan, build_plan,
-                           instruction_text, with_instruction)
-from vllm_pcd.schema import SchemaSpec, parse_schema
-from vllm_pcd.sequence import node_lookup
+from vllm_pcd.core.assemble import assemble
+from vllm_pcd.core.execution import RequestReport
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Plan, build_plan
+from vllm_pcd.core.prompt import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, instruction_text,
+                                  with_instruction)
+from vllm_pcd.core.schema import SchemaSpec, parse_schema
+from vllm_pcd.core.scoring import field_results
 
 # The flags every benchmark server runs with: the dtype this CPU serves fastest (bf16 only
 # where it is native), cached-token counts in `usage` (the client-side token accounting needs
@@ -34,7 +35,6 @@ from vllm_pcd.sequence import node_lookup
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
                "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
-
 
 
 class Unsupported(Exception):
@@ -56,7 +56,7 @@ class Task:
 def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]],
               layout: str = DEFAULT_LAYOUT) -> Task:
     spec = parse_schema(schema)
-    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages, layout=layout),
+    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages, Options(layout=layout)),
                 layout, tokenizer)
 
 
@@ -204,34 +204,21 @@ async def _complete(client: Client, ids: list[int], salt: str,
         extra_body={"cache_salt": salt, **(extra_body or {})}, **options)
 
 
-def _field_scores(fp: Any, results: list[dict[int, float]]) -> list[float]:
-    """Each option's log-probability from its field's requests (summed over a value's tokens)."""
-    if isinstance(fp, FieldPlan):
-        return [results[0][t] for t in fp.code_ids]
-    return fp.candidate_logprobs(node_lookup(fp.nodes, results))
-
-
 async def per_field(client: Client, task: Task, salt: str) -> Outcome:
     """PCD's computation rebuilt from stock vLLM features: warm the shared prefix with one
     request, then every branch PCD plans (one per token-mode field) as its own concurrent
     request asking for the log-probabilities of exactly the tokens PCD scores there."""
     plan = task.plan
-    scorings = plan.scorings()
     warm = await _complete(client, list(plan.shared_ids), salt)
     replies = await asyncio.gather(*(
         _complete(client, [*plan.shared_ids, *s.suffix_ids], salt, logprobs=1,
                   extra_body={"logprob_token_ids": list(s.token_ids),
                               "return_tokens_as_token_ids": True})
-        for s in scorings))
-    by_field: dict[int, list[dict[int, float]]] = {}
-    for s, reply in zip(scorings, replies):
-        top = reply.choices[0].logprobs.top_logprobs[0]
-        by_field.setdefault(s.field_index, []).append(
-            {t: top[f"token_id:{t}"] for t in s.token_ids})
-    obj = {}
-    for i, fp in enumerate(plan.fields):
-        scores = _field_scores(fp, by_field[i])
-        obj[fp.field.name] = fp.field.options[scores.index(max(scores))]  # ties: schema order
+        for s in plan.scorings))
+    reports = [RequestReport(0, 0, None, {t: top[f"token_id:{t}"] for t in s.token_ids})
+               for s, reply in zip(plan.scorings, replies)
+               for top in [reply.choices[0].logprobs.top_logprobs[0]]]
+    obj = assemble(task.spec, field_results(plan, reports, "sum"))  # PCD's own scoring
     counts = [_computed(r.usage) for r in (warm, *replies)]
     return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
 
@@ -306,7 +293,7 @@ def floor_ids(plan: Plan) -> list[int]:
     """The shared context, then every distinct branch position once (a token several branches
     share, as in a value trie, counts once): `len == tokens.ideal` of the PCD diagnostics."""
     ids, seen = list(plan.shared_ids), set()
-    for s in plan.scorings():
+    for s in plan.scorings:
         for j, token in enumerate(s.suffix_ids):
             if (s.field_index, s.suffix_ids[:j + 1]) not in seen:
                 seen.add((s.field_index, s.suffix_ids[:j + 1]))
@@ -354,63 +341,3 @@ async def run_method(name: str, client: Client, task: Task, salt: str | None = N
         return Outcome(f"error: {detail}")
     outcome.latency_s = time.perf_counter() - start
     return outcome
-
-
-def serving_note(url: str | None) -> str:
-    if url:
-        return f"attached to {url}: dtype and flags as that server was started"
-    return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
-            "xgrammar structured outputs")
-
-
-def provenance() -> dict[str, Any]:
-    """The code measured: commit, and whether the work tree differed from it."""
-    repo = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-
-
-def publish(out: Path, results: dict[str, Any], plot: Callable[[Path], None],
-            table: Callable[[dict[str, Any]], str]) -> None:
-    """A benchmark's results beside `out`: JSON and PNG, then its table on stdout."""
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    plot(out.with_suffix(".png"))
-    print(table(results))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
-
-
-def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, Any]]]
-                  ) -> dict[str, Any]:
-    """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    serving = serving_note(args.url)
-    print(serving, file=sys.stderr)
-    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
-        return asyncio.run(run(args, url, serving))
-
-
-@contextlib.contextmanager
-def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2
-           ) -> Iterator[str]:
-    """Attach to `url`, or start one server with the plugin and the xgrammar backend."""
-    if url:
-        yield url
-        return
-    from vllm_pcd.launch import serve
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with serve(model, args=SERVER_ARGS, kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
-        yield base

@@ -3,7 +3,7 @@
     python -m benchmarks.quantized_quality [--model PATH] [--limit N] [--data PATH]
 
 For every dev case and formulation, PCD's plan gives the branches the restricted LM head
-serves (`vllm_pcd.engine.restrictable`: a token-mode field scored by one request); one plain
+serves (`Scoring.restricted`: a token-mode field scored by one request); one plain
 transformers FP32 forward per branch gives the final-norm hidden state at its last position,
 and every route projects it onto the branch's allowed ids. Scores are PCD's: log-softmax over
 the allowed logits, then over the field's options. A route is compared with `torch/fp32`
@@ -28,12 +28,16 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks.evaluate import DEFAULT_DATA, _num, _pct, load_cases  # noqa: E402
-from benchmarks.methods import _field_scores, load_tokenizer, provenance  # noqa: E402
+from benchmarks.harness import provenance  # noqa: E402
+from benchmarks.methods import load_tokenizer  # noqa: E402
 from benchmarks.metrics import median  # noqa: E402
 from kernels import project  # noqa: E402
-from vllm_pcd.assemble import FieldResult, field_result  # noqa: E402
-from vllm_pcd.plan import DEFAULT_FORMULATION, Plan, build_plan  # noqa: E402
-from vllm_pcd.schema import parse_schema  # noqa: E402
+from vllm_pcd.core.assemble import FieldResult  # noqa: E402
+from vllm_pcd.core.execution import RequestReport  # noqa: E402
+from vllm_pcd.core.options import Options  # noqa: E402
+from vllm_pcd.core.plan import Plan, build_plan  # noqa: E402
+from vllm_pcd.core.prompt import DEFAULT_FORMULATION  # noqa: E402
+from vllm_pcd.core.schema import parse_schema  # noqa: E402
 
 # label -> (kernels route, dtype of the head it projects)
 ROUTES = {
@@ -78,7 +82,7 @@ def branch_hiddens(model: Any, plan: Plan, wanted: list[int]) -> dict[int, torch
     whole branch, up to float order)."""
     from transformers import DynamicCache
 
-    scorings = plan.scorings()
+    scorings = plan.scorings
     shared = list(plan.shared_ids)
     cache = DynamicCache()
     model.model(torch.tensor([shared[:-1]]), past_key_values=cache, use_cache=True)
@@ -93,23 +97,22 @@ def branch_hiddens(model: Any, plan: Plan, wanted: list[int]) -> dict[int, torch
 
 def served(plan: Plan) -> list[int]:
     """Scorings the restricted LM head serves in the engine; the others use the full head."""
-    from vllm_pcd.engine import restrictable
-
-    return [i for i, yes in enumerate(restrictable(plan)) if yes]
+    return [i for i, s in enumerate(plan.scorings) if s.restricted]
 
 
 def route_fields(plan: Plan, hiddens: dict[int, torch.Tensor], head: torch.Tensor,
                  route: str) -> list[FieldResult]:
     """PCD's field result from this route's logits, per served scoring (each its own field):
     log-softmax over the allowed ids, as the restricted head's -inf row gives the engine."""
-    scorings = plan.scorings()
+    scorings = plan.scorings
     out = []
     for i, hidden in hiddens.items():
         s = scorings[i]
         logits = project(hidden[None], head, torch.tensor(s.token_ids), route=route).logits[0]
         logprobs = dict(zip(s.token_ids, torch.log_softmax(logits.double(), 0).tolist()))
-        fp = plan.fields[s.field_index]
-        out.append(field_result(fp.field, _field_scores(fp, [logprobs])))
+        # scored as the engine scores a restricted row: the field plan's own `score`
+        report = RequestReport(0, 0, None, logprobs, asked_restricted=True)
+        out.append(plan.fields[s.field_index].score([report], "sum"))
     return out
 
 
@@ -146,14 +149,14 @@ def measure(model: Any, tokenizer: Any, cases: list[dict[str, Any]],
         spec = parse_schema(case["schema"])
         messages = [{"role": "user", "content": case["message"]}]
         for form in formulations:
-            plan = build_plan(tokenizer, spec, messages, formulation=form)
+            plan = build_plan(tokenizer, spec, messages, Options(formulation=form))
             hiddens = branch_hiddens(model, plan, served(plan))
             counts[form]["fields"] += len(plan.fields)
             counts[form]["served"] += len(hiddens)
             for label in labels:
                 route, dtype = routes[label]
                 results[form][label] += route_fields(plan, hiddens, heads[dtype], route)
-            scorings = plan.scorings()
+            scorings = plan.scorings
             where[form] += [{"id": case["id"], "field": plan.fields[scorings[i].field_index]
                              .field.name} for i in hiddens]
     return {

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels import w4a8
+import kernels.w4a8 as w4a8
 
 SCHEMES = ("dense", "w8a8", "w4a8")
 ROUTES = {  # a route a caller may ask for -> the arithmetic it computes

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.w4a8 import GROUP, QuantizedHead
+from kernels.quantized_head import GROUP, QuantizedHead
 
 
 @triton.jit

@@ -15,7 +15,7 @@ CPU_BLOCK_SIZE = 128
 def computed_tokens(plan):
     """What the engine computes for a token-mode plan: the shared context once and each
     request's own tokens; without the fork each request also recomputes the context's tail."""
-    shared, scorings = len(plan.shared_ids), plan.scorings()
+    shared, scorings = len(plan.shared_ids), plan.scorings
     own = shared + sum(len(s.suffix_ids) for s in scorings)
     return own if KV_FORK else own + len(scorings) * (shared % CPU_BLOCK_SIZE)
 

@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from vllm_pcd.assemble import assemble, field_result, log_softmax, to_json
-from vllm_pcd.schema import FieldSpec, SchemaSpec
+from vllm_pcd.core.assemble import assemble, to_json
+from vllm_pcd.core.scoring import field_result, log_softmax
+from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 
 def test_log_softmax_renormalises():

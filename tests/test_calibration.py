@@ -5,11 +5,11 @@ import math
 import pytest
 
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
-from vllm_pcd.assemble import field_result
-from vllm_pcd.calibration import (PriorCache, calibrate, check_calibration,
-                                  content_free_messages, prior_key)
-from vllm_pcd.plan import build_plan
-from vllm_pcd.schema import FieldSpec, SchemaError, parse_schema
+from vllm_pcd.core.calibration import PriorCache, content_free_messages, prior_key
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.scoring import calibrate, field_result
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.schema import FieldSpec, SchemaError, parse_schema
 
 OK = FieldSpec("ok", "boolean", (True, False))
 
@@ -41,7 +41,7 @@ def test_priors_are_keyed_by_plan_scoring_and_tenant(tokenizer):
     assert prior_key(empty, "sum", None) == prior_key(
         build_plan(tokenizer, spec, content_free_messages([])), "sum", None)
     assert prior_key(empty, "sum", "a") != prior_key(empty, "sum", "b")
-    other = build_plan(tokenizer, spec, content_free_messages([]), formulation="codes")
+    other = build_plan(tokenizer, spec, content_free_messages([]), Options(formulation="codes"))
     assert prior_key(other, "sum", None) != prior_key(empty, "sum", None)
     document = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}])
     assert prior_key(document, "sum", None) != prior_key(empty, "sum", None)
@@ -59,5 +59,5 @@ def test_the_cache_keeps_the_most_recent_priors():
 @pytest.mark.parametrize("bad", ["platt", None, ["content_free"], 1])
 def test_unknown_calibrations_are_refused(bad):
     with pytest.raises(SchemaError, match="pcd_calibration"):
-        check_calibration(bad)
-    assert check_calibration("content_free") == "content_free"
+        Options(calibration=bad)
+    assert Options(calibration="content_free").calibration == "content_free"

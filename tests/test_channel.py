@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_pcd.engine import branch_params, prefill_params
-from vllm_pcd.guard import RequestGuard, refused_part
+from vllm_pcd.serving.guard import RequestGuard, refused_part
 from vllm_pcd.internals import admission, tags
 
 
@@ -270,8 +270,8 @@ def test_the_key_reaches_every_engine_vllm_starts():
 
 
 def test_serving_flags_that_slow_pcd_are_named():
-    from vllm_pcd.schema import Limits
-    from vllm_pcd.service import profile_advice
+    from vllm_pcd.core.schema import Limits
+    from vllm_pcd.serving.service import profile_advice
 
     def config(prefix_caching, seqs):
         return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
@@ -286,7 +286,7 @@ def test_serving_flags_that_slow_pcd_are_named():
 
 
 def test_logit_modes_switch_pcd_off_with_their_reason():
-    from vllm_pcd.service import off_reason
+    from vllm_pcd.serving.service import off_reason
 
     def config(mode):
         return SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode))

@@ -6,10 +6,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from vllm_pcd.decision_protocol import DecisionsRequest, SystemOneRequest
-from vllm_pcd.decisions import (Read, check_cache_salt, decisions_request, decisions_response,
+from vllm_pcd.serving.decision_protocol import DecisionsRequest, SystemOneRequest
+from vllm_pcd.serving.decisions import (Read, check_cache_salt, decisions_request, decisions_response,
                                 systemone_request, systemone_response, to_schema)
-from vllm_pcd.schema import SchemaError, parse_schema
+from vllm_pcd.core.schema import SchemaError, parse_schema
 
 SYSTEMONE = {
     "state": {"ticket": "My card was charged twice"},
@@ -186,8 +186,8 @@ def test_decisions_pcd_refusals_name_the_question():
 
 
 def test_label_mass_is_reported_only_where_the_full_head_scored():
-    from vllm_pcd.engine import RequestReport
-    from vllm_pcd.pcd import _vocabulary_extra
+    from vllm_pcd.core.execution import RequestReport
+    from vllm_pcd.core.scoring import vocabulary_extra as _vocabulary_extra
 
     full = RequestReport(10, 0, None, {5: math.log(0.5), 6: math.log(0.25)}, sampled=7)
     extra = _vocabulary_extra([full], full, {5, 6}, [math.log(0.5), math.log(0.25)])

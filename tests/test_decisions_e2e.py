@@ -10,8 +10,8 @@ import pytest
 from tests.conftest import API_KEY, KV_FORK, MESSAGE
 from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
-from vllm_pcd.decision_protocol import SystemOneRequest
-from vllm_pcd.decisions import systemone_request, to_schema
+from vllm_pcd.serving.decision_protocol import SystemOneRequest
+from vllm_pcd.serving.decisions import systemone_request, to_schema
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import torch
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from tests.test_decisions import SYSTEMONE
 from vllm_pcd import constrained
-from vllm_pcd.decision_protocol import SystemOneRequest
-from vllm_pcd.decisions import Read, systemone_answer, systemone_request, to_schema
+from vllm_pcd.serving.decision_protocol import SystemOneRequest
+from vllm_pcd.serving.decisions import Read, systemone_answer, systemone_request, to_schema
 
 TOLERANCE = 1e-4
 

@@ -14,9 +14,9 @@ from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # 
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, microbatches, prefill_params
 from vllm_pcd.internals import fork, tags
-from vllm_pcd.pcd import as_messages
-from vllm_pcd.plan import build_plan
-from vllm_pcd.schema import Limits, parse_schema
+from vllm_pcd.pipeline import as_messages
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.schema import Limits, parse_schema
 
 
 def scheduler(llm):
@@ -55,7 +55,7 @@ def spread(n, k=4):
 def assert_scores_match_reference(model, result, indices):
     """Each request's log-probabilities, renormalised over its wanted tokens, equal those of a
     transformers FP32 forward over its whole prompt."""
-    scorings = result.plan.scorings()
+    scorings = result.plan.scorings
     for k in indices:
         s, got = scorings[k], result.execution.branches[k].logprobs
         ids = [*result.plan.shared_ids, *s.suffix_ids]
@@ -89,15 +89,15 @@ def test_each_token_is_computed_once(fp32_llm, tokenizer, reference_model, n_fie
     assert all(extra == 0 or (extra > 0 and b.cached_tokens % block_size(fp32_llm) == 0)
                for b, extra in zip(branches, beyond)), beyond
     assert result.execution.tokens_computed == own_tokens(result) - sum(beyond)
-    if KV_FORK and len(plan.scorings()) == len(plan.fields):  # one request per field
+    if KV_FORK and len(plan.scorings) == len(plan.fields):  # one request per field
         assert result.execution.tokens_computed == shared + plan.branch_tokens - sum(beyond)
-    batches = microbatches(plan.scorings(), Limits().max_branches_per_batch)
+    batches = microbatches(plan.scorings, Limits().max_branches_per_batch)
     if KV_FORK:
         assert result.execution.backbone_calls == 1 + len(batches)
     else:  # each request's recomputed tail can overflow a step's token budget
         assert result.execution.backbone_calls >= 1 + len(batches)
     # A full forward per request takes minutes on a CPU at 32 fields: check a spread of them.
-    assert_scores_match_reference(reference_model, result, spread(len(plan.scorings())))
+    assert_scores_match_reference(reference_model, result, spread(len(plan.scorings)))
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
 
 
@@ -121,7 +121,7 @@ def test_short_and_aligned_contexts(fp32_llm, tokenizer, reference_model, case):
     assert (shared < size) == (case == "under-one-block")
     assert (shared % size == 0) == (case == "block-aligned")
     assert result.execution.tokens_computed == own_tokens(result)
-    assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings())))
+    assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings)))
 
 
 def test_without_the_fork_the_report_is_plain_prefix_caching(fp32_llm, tokenizer):
@@ -136,7 +136,7 @@ def test_without_the_fork_the_report_is_plain_prefix_caching(fp32_llm, tokenizer
         result = constrained(fp32_llm, text, schema, cache_salt="fork-off")
     finally:
         manager.pcd_fork = saved
-    shared, scorings = len(result.plan.shared_ids), result.plan.scorings()
+    shared, scorings = len(result.plan.shared_ids), result.plan.scorings
     assert shared % size
     redone = len(scorings) * (shared % size)
     once = shared + sum(len(s.suffix_ids) for s in scorings)
@@ -160,7 +160,7 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
     spec = parse_schema(SUPPORT_SCHEMA)
     plan = build_plan(tokenizer, spec, as_messages(synthetic_ticket(tokenizer, 300)))
     shared, salt = len(plan.shared_ids), "fork-abort"
-    first, second = plan.scorings()[:2]
+    first, second = plan.scorings[:2]
     fp32_llm.generate([salted(plan.shared_ids, salt)], prefill_params(shared), use_tqdm=False)
     engine = fp32_llm.llm_engine
     long_branch = SamplingParams(max_tokens=64, ignore_eos=True, detokenize=False,

@@ -12,11 +12,12 @@ from vllm.inputs import TokensPrompt
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
-from vllm_pcd.engine import branch_params, restrictable
+from vllm_pcd.core.options import Options
+from vllm_pcd.engine import branch_params
 from vllm_pcd.internals import lm_head, tags
-from vllm_pcd.pcd import as_messages
-from vllm_pcd.plan import build_plan
-from vllm_pcd.schema import parse_schema
+from vllm_pcd.pipeline import as_messages
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.schema import parse_schema
 
 # Restricted vs full projection, both FP32 in one engine. The stock CPU head (oneDNN) is itself
 # ~1.3e-5 from an FP64 projection on SmolLM2's logits (|logit| ~ 20), the gathered one ~5e-6,
@@ -55,16 +56,14 @@ def worst(a, b):
 
 
 def test_engine_restricts_only_scores_renormalised_at_one_position(tokenizer):
-    codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
-                       formulation="codes")
-    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
-                      formulation="json")
-    fields = [s.field_index for s in json.scorings()]
+    codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE), Options(formulation="codes"))
+    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE), Options(formulation="json"))
+    fields = [s.field_index for s in json.scorings]
     # the cases this test is about: values sharing leading tokens, a sequence-mode field, a
     # boolean scored with its terminator (three requests)
     assert fields.count(2) > 1 and fields.count(3) > 1 and fields.count(1) == 3
-    assert restrictable(json) == [i == 0 for i in fields]
-    assert restrictable(codes) == [i != 3 for i in (s.field_index for s in codes.scorings())]
+    assert [s.restricted for s in json.scorings] == [i == 0 for i in fields]
+    assert [s.restricted for s in codes.scorings] == [i != 3 for i in (s.field_index for s in codes.scorings)]
     assert tags.check(branch_params([5, 7], restrict=True).extra_args) == tags.Tags(allowed=(5, 7))
     assert branch_params([5, 7]).extra_args is None
 
@@ -115,7 +114,7 @@ def test_json_restricts_single_node_fields_only(fp32_llm, monkeypatch):
     full, _ = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, False, "json-off", formulation="json")
     restricted, rows = run_pcd(fp32_llm, monkeypatch, MIXED_SCHEMA, True, "json-on",
                                formulation="json")
-    assert rows == sum(restrictable(restricted.plan)) == 1
+    assert rows == sum([s.restricted for s in restricted.plan.scorings]) == 1
     assert restricted.diagnostics()["projection"] == {"route": "torch", "restricted_requests": 1,
                                                       "fallbacks": 0}
     assert full.diagnostics()["projection"] == {"route": None, "restricted_requests": 0,
@@ -129,8 +128,7 @@ def test_plain_request_in_a_restricted_batch_stays_stock(fp32_llm, tokenizer, mo
     """One step runs a plain request, two tagged branches and a request with another
     plugin's extra_args; only the branches are restricted and the others get the stock
     log-probabilities."""
-    plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE),
-                      formulation="codes")
+    plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE), Options(formulation="codes"))
     plain = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False)
     foreign = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False,
                              extra_args={"allowed": ["not", "ids"], "other_plugin": 1})
@@ -165,7 +163,7 @@ def test_a_forced_fallback_shows_in_the_measured_diagnostics(fp32_llm, monkeypat
     the same."""
     restricted, _ = run_pcd(fp32_llm, monkeypatch, SIX_FIELD_SCHEMA, True, f"forced-{forced}",
                             formulation="codes")
-    asked = sum(restrictable(restricted.plan))
+    asked = sum([s.restricted for s in restricted.plan.scorings])
     assert restricted.diagnostics()["projection"] == {
         "route": "torch", "restricted_requests": asked, "fallbacks": 0}
     if forced == "head":

@@ -6,11 +6,12 @@ import asyncio
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.in_context import Cancelled, InContext, split_tail
-from vllm_pcd.pcd import Overloaded, Planner
-from vllm_pcd.plan import build_plan, render_text
-from vllm_pcd.schema import Limits, SchemaError, parse_schema
-from vllm_pcd.sequence import common_prefix
+from vllm_pcd.core.in_context import Cancelled, InContext, split_tail
+from vllm_pcd.pipeline import Overloaded, Planner
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.prompt import render_text
+from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
+from vllm_pcd.core.sequence import common_prefix
 
 
 class Counting:
@@ -66,12 +67,11 @@ def test_a_text_over_the_character_bound_is_refused_before_it_is_rendered(tokeni
     counting = Counting(tokenizer)
     huge = "x" * (limits.prompt_chars + 1)
     with pytest.raises(SchemaError, match="max_prompt_chars") as err:
-        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), [{"role": "user", "content": huge}],
-                   limits)
+        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), [{"role": "user", "content": huge}], limits=limits)
     assert err.value.rule == "max_prompt_chars" and counting.calls == 0
     parts = [{"role": "user", "content": [{"type": "text", "text": huge}]}]
     with pytest.raises(SchemaError, match="max_prompt_chars"):
-        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), parts, limits)
+        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), parts, limits=limits)
 
 
 def test_too_many_messages_are_refused_before_they_are_rendered(tokenizer):
@@ -87,7 +87,7 @@ def test_a_context_over_the_token_limit_is_refused_before_any_continuation(token
     counting = Counting(tokenizer)
     with pytest.raises(SchemaError, match="before any answer"):
         build_plan(counting, parse_schema(SIX_FIELD_SCHEMA),
-                   [{"role": "user", "content": _document(400)}], limits)
+                   [{"role": "user", "content": _document(400)}], limits=limits)
     assert counting.calls == 1  # the context alone
 
 

@@ -4,7 +4,7 @@ downloaded data."""
 import pytest
 
 from benchmarks import public_data
-from vllm_pcd.schema import parse_schema
+from vllm_pcd.core.schema import parse_schema
 
 YES_NO = {"description": "d", "examples": [
     {"input": "Is water wet?", "target_scores": {"Yes": 1, "No": 0}},

@@ -7,8 +7,10 @@ import torch
 
 from benchmarks import quantized_quality as qq
 from benchmarks.evaluate import DEFAULT_DATA, load_cases
-from vllm_pcd.plan import DEFAULT_FORMULATION, build_plan
-from vllm_pcd.schema import parse_schema
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.prompt import DEFAULT_FORMULATION
+from vllm_pcd.core.schema import parse_schema
 
 ROUTES = {k: qq.ROUTES[k] for k in ("torch/fp32", "torch/bf16", "w8a8-torch", "w4a8-torch",
                                      "w4a8-flaggems")}
@@ -51,10 +53,10 @@ def test_hidden_is_what_the_lm_head_reads(model, tokenizer, cases):
     whole-branch forward: it is the final-norm state, at the right position."""
     case = cases[0]
     plan = build_plan(tokenizer, parse_schema(case["schema"]),
-                      [{"role": "user", "content": case["message"]}], formulation="codes")
+                      [{"role": "user", "content": case["message"]}], Options(formulation="codes"))
     hiddens = qq.branch_hiddens(model, plan, [0, 1])
     for i, hidden in hiddens.items():
-        ids = [*plan.shared_ids, *plan.scorings()[i].suffix_ids]
+        ids = [*plan.shared_ids, *plan.scorings[i].suffix_ids]
         with torch.inference_mode():
             expected = model(torch.tensor([ids])).logits[0, -1]
             got = model.lm_head(hidden)

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from vllm_pcd.schema import Limits, SchemaError, parse_schema, shown
+from vllm_pcd.core.schema import Limits, SchemaError, parse_schema, shown
 
 BASE = {
     "type": "object",

@@ -12,10 +12,11 @@ import json
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.plan import (FieldPlan, branch_text, build_plan, instruction_text, render_text,
-                           with_instruction)
-from vllm_pcd.schema import parse_schema
-from vllm_pcd.sequence import serialize
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import FieldPlan, build_plan
+from vllm_pcd.core.prompt import branch_text, instruction_text, render_text, with_instruction
+from vllm_pcd.core.schema import parse_schema
+from vllm_pcd.core.sequence import serialize
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -65,8 +66,7 @@ def _value_texts(fp, formulation):
                                               ("json_tight", "token")])
 def test_branch_ids_are_the_tokenization_of_the_whole_text(sp_tokenizer, formulation, mode):
     spec = parse_schema(SIX_FIELD_SCHEMA)
-    plan = build_plan(sp_tokenizer, spec, [{"role": "user", "content": MESSAGE}],
-                      mode=mode, formulation=formulation)
+    plan = build_plan(sp_tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(mode=mode, formulation=formulation))
     text = _rendered(sp_tokenizer, spec, plan, formulation)
     for fp in plan.fields:
         for k, whole_text in enumerate(_value_texts(fp, formulation)):

@@ -9,9 +9,10 @@ from tests.conftest import KV_FORK, MESSAGE
 from tests.test_fidelity import TOLERANCE
 from vllm_pcd import constrained
 from vllm_pcd.engine import TRIE_ENV, schedule
-from vllm_pcd.plan import FieldPlan, build_plan
-from vllm_pcd.schema import FieldSpec, Limits, SchemaError, parse_schema
-from vllm_pcd.sequence import SequenceFieldPlan, build_sequence_field, node_lookup, serialize
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import FieldPlan, build_plan
+from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
+from vllm_pcd.core.sequence import SequenceFieldPlan, build_sequence_field, node_lookup, serialize
 
 TRICKY = {
     "type": "object",
@@ -64,8 +65,7 @@ def test_mixed_modes_in_one_plan(tokenizer):
     raw = dict(TRICKY)
     raw["properties"] = dict(TRICKY["properties"])
     raw["properties"]["refund_requested"] = {"type": "boolean", "x-pcd-mode": "token"}
-    plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}],
-                      mode="sequence", formulation="codes")
+    plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}], Options(mode="sequence", formulation="codes"))
     kinds = [type(fp) for fp in plan.fields]
     assert kinds == [SequenceFieldPlan] * 3 + [FieldPlan]
     text = tokenizer.decode(list(plan.shared_ids))
@@ -76,8 +76,7 @@ def test_value_token_limit_is_checked_before_inference(tokenizer):
     raw = {"type": "object", "required": ["x"], "additionalProperties": False,
            "properties": {"x": {"enum": ["word " * 40, "short"]}}}
     with pytest.raises(SchemaError) as info:
-        build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": "hi"}],
-                   Limits(max_value_tokens=16), mode="sequence")
+        build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": "hi"}], Options(mode="sequence"), Limits(max_value_tokens=16))
     assert info.value.rule == "max_value_tokens"
 
 
@@ -95,7 +94,7 @@ def reference_token_logprobs(model, shared, plan: SequenceFieldPlan):
 
 def engine_token_logprobs(result, field_index):
     fp = result.plan.fields[field_index]
-    results = [r.logprobs for s, r in zip(result.plan.scorings(), result.execution.branches)
+    results = [r.logprobs for s, r in zip(result.plan.scorings, result.execution.branches)
                if s.field_index == field_index]
     lookup = node_lookup(fp.nodes, results)
     return [[lookup(seq[:j], seq[j]) for j in range(start, len(seq))]
@@ -113,7 +112,7 @@ def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model, monkeyp
     diag = result.diagnostics()
     assert diag["mode"] == "sequence"
     calls = result.execution.backbone_calls
-    scorings = result.plan.scorings()
+    scorings = result.plan.scorings
     if trie == "chained":
         if KV_FORK:  # vLLM 0.24: every node recomputes its context's partial block
             assert diag["tokens"]["computed"] == diag["tokens"]["ideal"]

@@ -8,11 +8,11 @@ import pytest
 
 from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, KV_FORK, MESSAGE, SERVER_ARGS,
                             SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, computed_tokens)
-from vllm_pcd.engine import restrictable
+from vllm_pcd.core.options import Options
 from vllm_pcd.launch import serve
-from vllm_pcd.pcd import as_messages
-from vllm_pcd.plan import build_plan
-from vllm_pcd.schema import parse_schema
+from vllm_pcd.pipeline import as_messages
+from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.schema import parse_schema
 
 
 def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
@@ -47,7 +47,7 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, tokenizer, schema):
     assert diag["backbone_calls"] == 2
     plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
     assert diag["projection"] == {"route": "torch",  # this CPU's restricted-head route
-                                  "restricted_requests": sum(restrictable(plan)),
+                                  "restricted_requests": sum([s.restricted for s in plan.scorings]),
                                   "fallbacks": 0}
     for name, field in diag["fields"].items():
         assert field["value"] == obj[name]
@@ -123,7 +123,7 @@ def test_a_second_document_with_the_same_schema_computes_only_its_own_tokens(
     partial block at the divergence). Document first, nothing beyond the template's opening
     is shared."""
     docs = [MESSAGE, "The app crashes whenever I open the settings page on my phone."]
-    plans = [build_plan(tokenizer, parse_schema(WIDE_SCHEMA), as_messages(d), layout=layout)
+    plans = [build_plan(tokenizer, parse_schema(WIDE_SCHEMA), as_messages(d), Options(layout=layout))
              for d in docs]
     common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
     salt = f"second-document-{layout}"

@@ -16,8 +16,8 @@ import torch
 
 from kernels import QuantizedHead, project, quantize_head, select_route
 from kernels import w4a8
-from kernels.w4a8 import (pack_int4, quantize_activations, quantize_w4, quantize_w8, unpack_int4,
-                          w4a8_reference)
+from kernels.quantized_head import pack_int4, unpack_int4
+from kernels.w4a8 import quantize_activations, quantize_w4, quantize_w8, w4a8_reference
 from tests.conftest import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -4,7 +4,7 @@
 text with a `vllm.LLM`; the `pcd` plugins serve the same through `vllm serve`.
 """
 
-from vllm_pcd.schema import Limits, SchemaError, parse_schema
+from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
 __all__ = ["Limits", "SchemaError", "constrained", "parse_schema"]
 
@@ -12,7 +12,7 @@ __all__ = ["Limits", "SchemaError", "constrained", "parse_schema"]
 def __getattr__(name: str):
     # Importing vLLM is slow; the pure core (schema, plan) must not pay for it.
     if name == "constrained":
-        from vllm_pcd.pcd import constrained
+        from vllm_pcd.pipeline import constrained
 
         return constrained
     raise AttributeError(name)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import sys
 
-SUPPORTED_VLLM_VERSIONS = ("0.24.0", "0.32.0")
+# Each supported version and its adapter, `vllm_pcd.internals.<adapter>`: the one place that
+# knows what differs between them (`vllm_pcd.internals.version.VersionAdapter`).
+ADAPTERS = {"0.24.0": "v0_24", "0.32.0": "v0_32"}
+SUPPORTED_VLLM_VERSIONS = tuple(ADAPTERS)
 
 
 class UnsupportedVLLMVersion(RuntimeError):
@@ -28,6 +31,12 @@ def check_vllm_version() -> str:
             f"vllm-pcd supports vLLM {', '.join(SUPPORTED_VLLM_VERSIONS)}; found {version}. "
             "Install a supported vLLM or a vllm-pcd release that lists this version.")
     return version
+
+
+def adapter_name() -> str:
+    """The running vLLM's adapter module, under `vllm_pcd.internals`; refuses an untested
+    version."""
+    return ADAPTERS[check_vllm_version()]
 
 
 def require_methods(target: object, *names: str, patch: str) -> None:

@@ -18,52 +18,14 @@ import asyncio
 import os
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
+from vllm_pcd.core.execution import Execution, RequestReport
 from vllm_pcd.internals import tags
-from vllm_pcd.plan import FieldPlan, Plan, Scoring
-
-
-@dataclass(frozen=True)
-class RequestReport:
-    """What the engine said about one of our requests."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    step_ts: float | None  # engine-core timestamp of the step that produced its token
-    logprobs: dict[int, float]
-    asked_restricted: bool = False  # it asked for the restricted LM head (and the probe)
-    restricted: bool = False  # the worker projected its LM head onto the allowed ids only
-    sampled: int | None = None  # the greedy token it produced (the argmax of its head)
-
-    @property
-    def computed_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
-
-
-@dataclass(frozen=True)
-class Execution:
-    prefill: RequestReport
-    branches: tuple[RequestReport, ...]  # one per `Plan.scorings()` entry, in order
-    prefill_s: float
-    branches_s: float
-
-    @property
-    def tokens_computed(self) -> int:
-        return self.prefill.computed_tokens + sum(b.computed_tokens for b in self.branches)
-
-    @property
-    def backbone_calls(self) -> int | None:
-        """Distinct engine steps our requests ran in; None when the engine keeps no stats."""
-        stamps = [r.step_ts for r in (self.prefill, *self.branches)]
-        if any(s is None for s in stamps):
-            return None
-        return len(set(stamps))
+from vllm_pcd.core.plan import Plan, Scoring
 
 
 def probe_id(token_ids: Sequence[int]) -> int:
@@ -112,20 +74,6 @@ def prefill_params(shared_len: int | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                           extra_args=tags.encode(tags.Tags(shared=(shared_len,) if shared_len
                                                            else ())))
-
-
-def restrictable(plan: Plan, full_vocabulary: bool = False) -> list[bool]:
-    """Per scoring: whether its scores are renormalised over exactly its token ids at one
-    position (a token-mode field this request scores alone), so the LM head may project onto
-    those ids only. Sequence-mode and multi-node fields need full-vocabulary log-probabilities,
-    and so does every scoring when the caller wants the mass outside the options
-    (`full_vocabulary`)."""
-    scorings = plan.scorings()
-    if full_vocabulary:
-        return [False] * len(scorings)
-    requests = Counter(s.field_index for s in scorings)
-    token_mode = [isinstance(fp, FieldPlan) or fp.mode == "token" for fp in plan.fields]
-    return [requests[s.field_index] == 1 and token_mode[s.field_index] for s in scorings]
 
 
 def branch_params(token_ids: Sequence[int], group: tuple[str, int] | None = None,
@@ -191,14 +139,12 @@ def fork_lengths(scorings: Sequence[Scoring], shared_len: int, chained: bool) ->
     return lengths
 
 
-def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_salt: str | None,
-                   full_vocabulary: bool = False
+def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_salt: str | None
                    ) -> list[list[tuple[int, TokensPrompt, SamplingParams]]]:
     """Every scoring request, in the batches it runs in: (scoring index, prompt, params).
     Each batch is tagged as one admission group, so one engine step takes it whole."""
     shared_len = len(plan.shared_ids)
-    scorings = plan.scorings()
-    restrict = restrictable(plan, full_vocabulary)
+    scorings = plan.scorings
     chained = chained_tries()
     forks = fork_lengths(scorings, shared_len, chained)
     batches = []
@@ -206,21 +152,20 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_sal
         together = (f"{group_id}-b{number}", len(batch))
         batches.append([(i, _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
                          branch_params(scorings[i].token_ids, together, shared_len,
-                                       restrict[i], forks[i]))
+                                       scorings[i].restricted, forks[i]))
                         for i in batch])
     return batches
 
 
 def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, mid: float,
-               end: float, full_vocabulary: bool = False) -> Execution:
-    restrict = restrictable(plan, full_vocabulary)
-    branches = tuple(_report(o, s.token_ids, probe_id(s.token_ids) if r else None)
-                     for o, s, r in zip(outputs, plan.scorings(), restrict))
+               end: float) -> Execution:
+    branches = tuple(_report(o, s.token_ids, probe_id(s.token_ids) if s.restricted else None)
+                     for o, s in zip(outputs, plan.scorings))
     return Execution(_report(prefill), branches, mid - start, end - mid)
 
 
 def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
-                cache_salt: str | None = None, full_vocabulary: bool = False) -> list[Execution]:
+                cache_salt: str | None = None) -> list[Execution]:
     """Blocking execution of many plans on a `vllm.LLM`: every shared context in one
     `generate` call, then the k-th branch batch of every plan in one call, so vLLM batches
     the documents together (two backbone calls for a whole list, trie levels aside)."""
@@ -228,10 +173,10 @@ def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
     prefills = llm.generate([_prompt(p.shared_ids, cache_salt) for p in plans],
                             [prefill_params(len(p.shared_ids)) for p in plans], use_tqdm=False)
     mid = time.perf_counter()
-    outputs: list[list[Any]] = [[None] * len(p.scorings()) for p in plans]
+    outputs: list[list[Any]] = [[None] * len(p.scorings) for p in plans]
     group_id = f"pcd-offline-{uuid.uuid4().hex}"
-    per_plan = [branch_batches(p, f"{group_id}-{k}", branches_per_batch, cache_salt,
-                               full_vocabulary) for k, p in enumerate(plans)]
+    per_plan = [branch_batches(p, f"{group_id}-{k}", branches_per_batch, cache_salt)
+                for k, p in enumerate(plans)]
     for number in range(max(len(b) for b in per_plan)):
         wave = [(k, i, prompt, params) for k, batches in enumerate(per_plan)
                 if number < len(batches) for i, prompt, params in batches[number]]
@@ -239,7 +184,7 @@ def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
         for (k, i, _, _), output in zip(wave, done):
             outputs[k][i] = output
     end = time.perf_counter()
-    return [_execution(p, prefill, out, start, mid, end, full_vocabulary)
+    return [_execution(p, prefill, out, start, mid, end)
             for p, prefill, out in zip(plans, prefills, outputs)]
 
 
@@ -254,8 +199,7 @@ async def _final(stream: AsyncIterator[Any]) -> Any:
 
 async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                      request_id: str | None = None, cache_salt: str | None = None,
-                     data_parallel_rank: int | None = None,
-                     full_vocabulary: bool = False) -> Execution:
+                     data_parallel_rank: int | None = None) -> Execution:
     """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
     aborts every request still in flight: vLLM aborts a request whose stream is closed.
     With several data-parallel engines, `data_parallel_rank` pins every request to one, where
@@ -267,8 +211,8 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                                            prefill_params(len(plan.shared_ids)), f"{rid}-ctx",
                                            **pinned))
     mid = time.perf_counter()
-    outputs: list[Any] = [None] * len(plan.scorings())
-    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt, full_vocabulary):
+    outputs: list[Any] = [None] * len(plan.scorings)
+    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):
         # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
         async with asyncio.TaskGroup() as group:
             tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}",
@@ -276,4 +220,4 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                      for i, prompt, params in batch}
         for i, task in tasks.items():
             outputs[i] = task.result()
-    return _execution(plan, prefill, outputs, start, mid, time.perf_counter(), full_vocabulary)
+    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())

@@ -38,6 +38,6 @@ def register() -> None:
     from vllm_pcd.internals import entry_points
 
     if entry_points.loaded():  # the API server or the batch runner, not an engine process
-        from vllm_pcd.server import PCDEndpointPlugin
+        from vllm_pcd.serving.endpoint import PCDEndpointPlugin
 
         entry_points.attach(PCDEndpointPlugin())

@@ -11,14 +11,16 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
 - `sampler`: a batch mixing exact-id and top-k log-probabilities keeps each row's own.
 - `runner`: the engine runs the model runner `lm_head` patches (V1) unless told otherwise.
-- `entry_points`: attaches the serving layer to `vllm run-batch` and, on vLLM 0.24 (no
-  endpoint plugins), to the API server (`app_v024`).
-- `errors`: which engine errors are the client's, per version.
+- `entry_points`: attaches the serving layer to `vllm run-batch` and, where vLLM has no
+  endpoint plugins, to the API server.
+- `errors`: which engine errors are the client's.
+- `version`: what differs between the supported vLLMs, one package per version (`v0_24`,
+  `v0_32`) behind one interface, chosen once from `compat`.
 """
 
 from __future__ import annotations
 
-from vllm_pcd.compat import check_vllm_version
+from vllm_pcd.internals.version import adapter
 
 _applied = False
 
@@ -34,7 +36,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
-    check_vllm_version()
+    adapter()  # refuses a vLLM without an adapter before anything is patched
     from vllm_pcd.internals import (admission, fork, handler, intake, lm_head, runner, sampler,
                                     tags, validation)
 
@@ -43,7 +45,7 @@ def apply() -> None:
     validation.apply()
     handler.refuse_stray_schema()
     admission.apply()
-    fork.apply()  # on 0.24: off, said at start-up (no partial-block hits to fork from)
+    fork.apply()  # where the adapter says it is off, that is said at start-up
     lm_head.apply()
     runner.apply()
     sampler.apply()

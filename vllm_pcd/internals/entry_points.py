@@ -6,8 +6,8 @@
   wherever no plugin hook ran it: the batch runner's chat handler then answers PCD as the
   server's does. vLLM loads general plugins while it builds its command line, after the
   API server's module is imported and before the batch runner's imports the name.
-- vLLM 0.24 has no `vllm.endpoint_plugins` group: the API server's app builder is wrapped as
-  well, to attach the routes (`app_v024`).
+- Where vLLM has no `vllm.endpoint_plugins` group, the version's adapter attaches the routes
+  (`internals.version`).
 The plugin (`attach_router`, `init_state`) comes from the entry layer, which calls `attach`;
 nothing here imports it.
 """
@@ -18,18 +18,11 @@ import functools
 import sys
 from typing import Any
 
-from vllm_pcd.compat import vllm_version
-
-# The modules that hold `init_app_state` under that name, per version.
-STATE_MODULES = {
-    "0.24.0": ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.openai.run_batch"),
-    "0.32.0": ("vllm.entrypoints.launchers.api_server.entry",
-               "vllm.entrypoints.launchers.run_batch"),
-}
+from vllm_pcd.internals.version import adapter
 
 
 def _loaded() -> list[Any]:
-    return [m for name in STATE_MODULES[vllm_version()]
+    return [m for name in adapter().STATE_MODULES
             if (m := sys.modules.get(name)) is not None and hasattr(m, "init_app_state")]
 
 
@@ -49,10 +42,7 @@ def attach(plugin: Any) -> None:
     _attached = True
     for module in _loaded():
         module.init_app_state = with_plugin_state(module.init_app_state, plugin)
-    if vllm_version() == "0.24.0":
-        from vllm_pcd.internals import app_v024
-
-        app_v024.apply(plugin)
+    adapter().attach_routes(plugin)
 
 
 def with_plugin_state(init_app_state: Any, plugin: Any) -> Any:

@@ -27,10 +27,9 @@ from typing import Any, Callable
 
 from vllm_pcd.compat import require_methods
 from vllm_pcd.internals.intake import tags_of
+from vllm_pcd.internals.version import adapter
 
 ENV = "PCD_FORK"
-NO_PARTIAL_HITS = ("vLLM 0.24 shares only full KV blocks (no partial-hit copy-on-write): each "
-                   "branch recomputes the context's partially filled last block")
 
 
 @dataclass(frozen=True)
@@ -64,10 +63,8 @@ def off_reason(scheduler: Any) -> str | None:
     from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
-    from vllm_pcd.compat import vllm_version
-
-    if vllm_version() == "0.24.0":
-        return NO_PARTIAL_HITS
+    if adapter().FORK_OFF is not None:
+        return adapter().FORK_OFF
     manager = scheduler.kv_cache_manager
     coordinator = manager.coordinator
     if os.environ.get(ENV, "1") == "0":
@@ -140,13 +137,10 @@ def _leave_tail(manager: Any, request: Any) -> None:
                                                   blocks[n // fork.block_size], num_tokens=n)
 
 
-
 def apply() -> None:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
-
-    from vllm_pcd.compat import vllm_version
 
     require_methods(Scheduler, "__init__", patch="fork")
     init = Scheduler.__init__
@@ -157,7 +151,7 @@ def apply() -> None:
         _install(self)
 
     Scheduler.__init__ = init_with_fork
-    if vllm_version() == "0.24.0":  # the fork is off there (off_reason): nothing else to patch
+    if adapter().FORK_OFF is not None:  # said at start-up (off_reason): nothing else to patch
         return
     require_methods(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
                     "create_kv_cache_blocks", "prefix_cache_lookup_enabled", patch="fork")

@@ -33,6 +33,7 @@ from vllm.logger import init_logger
 
 from vllm_pcd.compat import require_methods
 from vllm_pcd.internals.tags import allowed_ids
+from vllm_pcd.internals.version import adapter
 
 # Under "vllm" so the messages go where vLLM's own do, at its level.
 logger = init_logger("vllm.pcd.lm_head")
@@ -233,25 +234,23 @@ def apply() -> None:
     execute_model = GPUModelRunner.execute_model
     load_model = Worker.load_model
 
-    @functools.wraps(forward)
-    def forward_restricted(self: Any, lm_head: Any, hidden_states: torch.Tensor,
-                           embedding_bias: torch.Tensor | None = None,
-                           *rest: Any) -> torch.Tensor | None:
-        """`rest`: 0.32's `skip_gather` (0.24 has no such argument)."""
+    def choose(self: Any, lm_head: Any, hidden_states: torch.Tensor,
+               embedding_bias: torch.Tensor | None, skip_gather: bool,
+               stock: Any) -> torch.Tensor | None:
+        """The restricted head for PCD's rows where it applies; `stock` everywhere else."""
         runner = _RUNNER.get()
         if runner is None or type(self) is not LogitsProcessor or hidden_states.dim() != 2 \
                 or not enabled():
-            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
+            return stock(hidden_states)
         rows, ids = tagged_rows(runner, hidden_states.shape[0], self.org_vocab_size)
         if not rows:
-            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
-        problem = head_problem(self, lm_head, embedding_bias, bool(rest and rest[0]))
+            return stock(hidden_states)
+        problem = head_problem(self, lm_head, embedding_bias, skip_gather)
         if problem is not None:
             _warn_once(problem)
-            return forward(self, lm_head, hidden_states, embedding_bias, *rest)
+            return stock(hidden_states)
         return restricted_logits(self, lm_head, hidden_states, embedding_bias, rows, ids,
-                                 lambda h: forward(self, lm_head, h, embedding_bias),
-                                 configured_scheme(runner.vllm_config))
+                                 stock, configured_scheme(runner.vllm_config))
 
     @functools.wraps(execute_model)
     def execute_model_tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -275,6 +274,6 @@ def apply() -> None:
         elif enabled():
             projection_route(runner.device, configured_scheme(self.vllm_config))
 
-    LogitsProcessor.forward = forward_restricted
+    LogitsProcessor.forward = adapter().logits_forward(forward, choose)
     GPUModelRunner.execute_model = execute_model_tracked
     Worker.load_model = load_model_checked

@@ -2,7 +2,7 @@
 
 A candidate is its JSON value, written after the field's stem (`name:` or `{"name":`). Its
 tokens are cut from the tokenization of the whole text the model reads (context, stem and
-value together: `plan.InContext`), so they are the ones the model would see, whatever merges
+value together: `in_context.InContext`), so they are the ones the model would see, whatever merges
 or prefix rules apply at the boundaries. The candidates of a field form a token trie: each
 internal node is one engine request (the path so far as prompt, one output token) that
 returns the log-probabilities of exactly its children, so a token shared by several
@@ -20,9 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_pcd.core import scoring
+
 Encode = Callable[[str], tuple[int, ...]]
 
-NORMALIZATIONS = ("sum", "mean")
 # The engine returns log-probabilities for at most this many token ids per request.
 MAX_IDS_PER_REQUEST = 128
 
@@ -73,10 +74,16 @@ class SequenceFieldPlan:
         return [sum(lookup(seq[:j], seq[j]) for j in range(start, len(seq)))
                 for seq, start in zip(self.candidates, self.score_from)]
 
-    def scores(self, sums: Sequence[float], normalization: str) -> list[float]:
-        if normalization == "sum":
-            return list(sums)
-        return [s / self.value_tokens(i) for i, s in enumerate(sums)]
+    def score(self, reports: Sequence[Any], normalization: str) -> Any:
+        """The field's result from its nodes' reports (one per node, in order)."""
+        sums = self.candidate_logprobs(node_lookup(self.nodes, [r.logprobs for r in reports]))
+        # the first scored position: the nodes with the shortest prefix (one request per chunk)
+        root = min(len(n.prefix) for n in self.nodes)
+        first = [n for n in self.nodes if len(n.prefix) == root]
+        return scoring.sequence_field(
+            self.field, self.mode, sums, [self.value_tokens(i) for i in range(len(sums))],
+            normalization, reports, reports[self.nodes.index(first[0])],
+            {t for n in first for t in n.children})
 
 
 def _unique_prefixes(candidates: Sequence[tuple[int, ...]],

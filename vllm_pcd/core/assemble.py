@@ -1,7 +1,6 @@
-"""Scores → typed JSON object + diagnostics.
+"""Field results → the typed JSON object, and each field's diagnostics.
 
-Scores are log-probabilities renormalised over each field's allowed candidates. They are
-uncalibrated: a model's preference among the options, not the chance that it is right.
+A field's scores come from `scoring`; here they only choose the value and are reported.
 """
 
 from __future__ import annotations
@@ -11,15 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from vllm_pcd.schema import FieldSpec, SchemaSpec
-
-
-def log_softmax(values: Sequence[float]) -> list[float]:
-    top = max(values)
-    if top == -math.inf:
-        raise ValueError("every candidate scored -inf")
-    total = top + math.log(sum(math.exp(v - top) for v in values))
-    return [v - total for v in values]
+from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 
 @dataclass(frozen=True)
@@ -57,17 +48,6 @@ class FieldResult:
             "margin": self.margin,
             **self.extra,
         }
-
-
-def field_result(field: FieldSpec, raw_logprobs: Sequence[float],
-                 extra: dict[str, Any] | None = None,
-                 candidate_extra: Sequence[dict[str, Any]] = ()) -> FieldResult:
-    """Renormalise engine log-probabilities over the field's options."""
-    if len(raw_logprobs) != len(field.options):
-        raise ValueError(f"{field.name}: {len(raw_logprobs)} scores for "
-                         f"{len(field.options)} options")
-    return FieldResult(field, tuple(log_softmax(raw_logprobs)), dict(extra or {}),
-                       tuple(candidate_extra))
 
 
 def validate_object(schema: SchemaSpec, obj: dict[str, Any]) -> None:

@@ -6,28 +6,21 @@ content-free document ("N/A") measures that prior; subtracting its log-probabili
 document's and renormalising removes it (the "calibrate before use" idea of Zhao et al.,
 2021). The prior depends only on the schema and the request's options, never on a document,
 so one engine call per schema serves every document asked it: the priors are cached here.
-Only a plan and scores are needed: this module knows nothing of vLLM or HTTP.
+The subtraction itself is `scoring.calibrate`; this module finds the prior.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from vllm_pcd.assemble import FieldResult, log_softmax
-from vllm_pcd.plan import Plan
-from vllm_pcd.schema import SchemaError, shown
+from vllm_pcd.core.assemble import FieldResult
+from vllm_pcd.core.execution import Execution
+from vllm_pcd.core.plan import Plan
+from vllm_pcd.core.scoring import field_results
 
-CALIBRATIONS = ("none", "content_free")
-DEFAULT_CALIBRATION = "none"
 CONTENT_FREE_TEXT = "N/A"
-
-
-def check_calibration(name: Any) -> str:
-    if not isinstance(name, str) or name not in CALIBRATIONS:
-        raise SchemaError(f"pcd_calibration must be one of {list(CALIBRATIONS)}, got "
-                          f"{shown(name)}", param="pcd_calibration", rule="calibration")
-    return name
 
 
 def content_free_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -42,7 +35,7 @@ def prior_key(plan: Plan, normalization: str, cache_salt: str | None) -> Hashabl
     (schema, options, template, system turns) and the scoring. The tenant's salt keeps one
     tenant from learning, by timing, which schemas another asked."""
     return (cache_salt, normalization, plan.shared_ids,
-            tuple((s.field_index, s.suffix_ids, s.token_ids) for s in plan.scorings()))
+            tuple((s.field_index, s.suffix_ids, s.token_ids) for s in plan.scorings))
 
 
 class PriorCache:
@@ -64,16 +57,37 @@ class PriorCache:
         while len(self._priors) > self.size:
             self._priors.popitem(last=False)
 
+    def pending(self, plan: Plan, normalization: str, cache_salt: str | None) -> PendingPrior:
+        """The prior of content-free `plan`: cached, or to be computed by executing it."""
+        key = prior_key(plan, normalization, cache_salt)
+        return PendingPrior(plan, key, normalization, self.get(key), self)
 
-def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
-              ) -> tuple[FieldResult, ...]:
-    """Each field's scores minus its prior's, renormalised; the uncalibrated score and the
-    prior stay in each candidate's diagnostics."""
-    out = []
-    for result, empty in zip(results, prior):
-        scores = log_softmax([s - e for s, e in zip(result.scores, empty.scores)])
-        extra = result.candidate_extra or tuple({} for _ in result.scores)
-        out.append(FieldResult(result.field, tuple(scores), result.extra, tuple(
-            {**more, "uncalibrated_score": raw, "prior_score": base}
-            for more, raw, base in zip(extra, result.scores, empty.scores))))
-    return tuple(out)
+
+@dataclass(frozen=True)
+class Prior:
+    """A schema's content-free scores, and what obtaining them cost this request."""
+
+    fields: tuple[FieldResult, ...]
+    cached: bool
+    tokens_computed: int
+
+
+@dataclass(frozen=True)
+class PendingPrior:
+    """A prior one call needs, the same way for the offline and the online path: from the
+    cache, or from the execution of its plan, which then fills the cache."""
+
+    plan: Plan
+    key: Hashable
+    normalization: str
+    cached: tuple[FieldResult, ...] | None
+    cache: PriorCache
+
+    def resolve(self, execution: Execution | None = None) -> Prior:
+        if self.cached is not None:
+            return Prior(self.cached, True, 0)
+        if execution is None:
+            raise ValueError("an uncached prior needs the execution of its plan")
+        fields = field_results(self.plan, execution.branches, self.normalization)
+        self.cache.put(self.key, fields)
+        return Prior(fields, False, execution.tokens_computed)

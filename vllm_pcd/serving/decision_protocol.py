@@ -1,6 +1,6 @@
 """The request bodies of vLLM's decision routes, field for field, as pydantic models of our
-own (vLLM 0.24 has neither route, 0.32 lacks `/v1/decisions`), so a client written for vLLM's
-endpoints is validated the same way on every version we serve.
+own (no supported vLLM has both: `/v1/systemone` came in 0.32, `/v1/decisions` in 0.33), so
+a client written for vLLM's endpoints is validated the same way on every version we serve.
 
 `/v1/systemone` (vLLM 0.32) ignores unknown top-level keys and refuses unknown question keys;
 `/v1/decisions` (vLLM 0.33) refuses unknown keys everywhere.

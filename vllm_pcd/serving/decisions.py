@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vllm_pcd.decision_protocol import DecisionsRequest, SystemOneRequest
-from vllm_pcd.schema import SchemaError
+from vllm_pcd.serving.decision_protocol import DecisionsRequest, SystemOneRequest
+from vllm_pcd.core.schema import SchemaError
 
 _MAX_SALT_CHARS = 128
 _SALT_FORBIDDEN = frozenset("@/\\\x00")

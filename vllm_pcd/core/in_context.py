@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from vllm_pcd.sequence import common_prefix
+from vllm_pcd.core.sequence import common_prefix
 
 
 class Cancelled(Exception):

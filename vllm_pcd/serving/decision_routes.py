@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
@@ -21,13 +21,15 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 
-from vllm_pcd.decision_protocol import DecisionsRequest, SystemOneRequest
-from vllm_pcd.decisions import (Question, Read, check_cache_salt, decisions_request,
+from vllm_pcd.serving.decision_protocol import DecisionsRequest, SystemOneRequest
+from vllm_pcd.serving.decisions import (Question, Read, check_cache_salt, decisions_request,
                                 decisions_response, systemone_request, systemone_response,
                                 to_schema)
-from vllm_pcd.pcd import PCDResult
-from vllm_pcd.schema import SchemaError, parse_schema
-from vllm_pcd.service import PCDService, error_response, pcd_options
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.result import PCDResult
+from vllm_pcd.core.schema import SchemaError, parse_schema
+from vllm_pcd.serving.errors import ErrorAnswer, error_response
+from vllm_pcd.serving.service import PCDService
 
 SYSTEMONE_PATH = "/v1/systemone"
 DECISIONS_PATH = "/v1/decisions"
@@ -73,12 +75,12 @@ async def _decide(raw_request: Request, model: str | None,
         return error_response(HTTPStatus.SERVICE_UNAVAILABLE, "PCD is not initialised",
                               kind="ServiceUnavailableError")
     if (refused := service.refusal(model)) is not None:
-        return refused
+        return refused.response()
     kwargs = service.template_kwargs(template_kwargs)
     try:
         questions, messages = parse()
         check_cache_salt(cache_salt)
-        options = pcd_options(kwargs)
+        options = replace(Options.from_template_kwargs(kwargs), full_vocabulary=True)
         if "pcd_schema" in kwargs:
             raise SchemaError("chat_template_kwargs.pcd_schema: a decision request's schema is "
                               "its questions", param="chat_template_kwargs.pcd_schema")
@@ -91,10 +93,9 @@ async def _decide(raw_request: Request, model: str | None,
     result = await service.run(messages, spec, options, kwargs,
                                chat_template=service.server_chat_template, cache_salt=cache_salt,
                                request_id=f"decision-pcd-{uuid.uuid4().hex}",
-                               mode_label=options.mode,
-                               full_vocabulary=True)
-    if not isinstance(result, PCDResult):
-        return result
+                               mode_label=options.mode)
+    if isinstance(result, ErrorAnswer):
+        return result.response()
     reads = [Read.of(q, r.field.options, r.scores, r.extra)
              for q, r in zip(questions, result.fields)]
     return Decided(service, questions, result, reads)

@@ -1,8 +1,9 @@
-"""`vllm.endpoint_plugins` entry (vLLM 0.32; on 0.24 `internals.app_v024` calls the same
-hooks): PCD on vLLM's chat handler and the decision routes.
+"""`vllm.endpoint_plugins` entry (where vLLM has no such group, its version adapter calls the
+same hooks): PCD on vLLM's chat handler and the decision routes.
 
 `init_state` (the API server, and `vllm run-batch`, which builds the same state) creates the
-service and hands it to vLLM's chat handler (`internals.handler`): requests whose
+service and hands its chat answer (`chat`) to vLLM's chat handler (`internals.handler`):
+requests whose
 `chat_template_kwargs` carry a PCD key are answered by PCD on every door that calls the
 handler (the HTTP route, `/invocations`, run-batch); every other request goes, untouched, to
 vLLM's own code. Every route also gets the guard (`guard`). Where the plugin is not active in
@@ -13,6 +14,7 @@ serves as stock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -23,12 +25,14 @@ from fastapi import FastAPI
 from starlette.datastructures import State
 from starlette.middleware import Middleware
 
-from vllm_pcd import decision_routes, internals
-from vllm_pcd.guard import RequestGuard
+from vllm_pcd import internals
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.schema import Limits, parse_schema
 from vllm_pcd.internals import handler
-from vllm_pcd.pcd import constrained_online
-from vllm_pcd.schema import Limits, parse_schema
-from vllm_pcd.service import PCDService, logger, profile_advice
+from vllm_pcd.pipeline import Call, answer_online
+from vllm_pcd.serving import chat, decision_routes
+from vllm_pcd.serving.guard import RequestGuard
+from vllm_pcd.serving.service import PCDService, logger, profile_advice
 
 
 class PCDEndpointPlugin:
@@ -43,7 +47,8 @@ class PCDEndpointPlugin:
                            "this process (see the vllm-pcd line above)")
             return
         # Innermost: the guard runs after vLLM's own middleware (authentication first). A
-        # stack that was already built (vLLM 0.24's SageMaker bootstrap builds it) is rebuilt.
+        # stack that was already built (some versions' SageMaker bootstrap builds it) is
+        # rebuilt.
         app.user_middleware.append(Middleware(RequestGuard))
         if app.middleware_stack is not None:
             app.middleware_stack = app.build_middleware_stack()
@@ -60,7 +65,7 @@ class PCDEndpointPlugin:
         if (advice := profile_advice(state.vllm_config, limits)) is not None:
             logger.warning("vllm-pcd runs slowly with these serving flags: %s", advice)
         state.pcd = PCDService(engine_client, state, limits)
-        handler.install_chat_hook(state.pcd.answer_chat)
+        handler.install_chat_hook(functools.partial(chat.answer_chat, state.pcd))
         if state.pcd.unavailable is not None:
             logger.warning("vllm-pcd answers PCD requests with 501: %s", state.pcd.unavailable)
             return
@@ -85,10 +90,9 @@ async def _warm_up(service: PCDService) -> None:
               "properties": {"ready": {"type": "boolean"}}}
     start = time.perf_counter()
     for rank in range(service.engines):
-        await constrained_online(service.engine, service.tokenizer,
-                                 [{"role": "user", "content": "warm-up"}],
-                                 parse_schema(schema, service.limits), limits=service.limits,
-                                 chat_template=getattr(service.serving_chat, "chat_template", None),
+        await answer_online(service.online(), parse_schema(schema, service.limits),
+                            [{"role": "user", "content": "warm-up"}], Options(),
+                            Call(chat_template=service.server_chat_template,
                                  cache_salt=f"pcd-warmup-{uuid.uuid4().hex}",
-                                 data_parallel_rank=rank if service.engines > 1 else None)
+                                 data_parallel_rank=rank if service.engines > 1 else None))
     logger.info("vllm-pcd warm-up took %.2f s", time.perf_counter() - start)

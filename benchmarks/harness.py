@@ -1,0 +1,75 @@
+"""What every benchmark does around its measurement: start (or attach to) the server, record
+the code measured, and publish the results beside their figure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+from benchmarks.methods import SERVER_ARGS
+from vllm_pcd.models import fast_dtype
+
+
+def serving_note(url: str | None) -> str:
+    if url:
+        return f"attached to {url}: dtype and flags as that server was started"
+    return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
+            "xgrammar structured outputs")
+
+
+def provenance() -> dict[str, Any]:
+    """The code measured: commit, and whether the work tree differed from it."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def publish(out: Path, results: dict[str, Any], plot: Callable[[Path], None],
+            table: Callable[[dict[str, Any]], str]) -> None:
+    """A benchmark's results beside `out`: JSON and PNG, then its table on stdout."""
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(out.with_suffix(".png"))
+    print(table(results))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
+def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, Any]]]
+                  ) -> dict[str, Any]:
+    """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    serving = serving_note(args.url)
+    print(serving, file=sys.stderr)
+    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
+        return asyncio.run(run(args, url, serving))
+
+
+@contextlib.contextmanager
+def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2
+           ) -> Iterator[str]:
+    """Attach to `url`, or start one server with the plugin and the xgrammar backend."""
+    if url:
+        yield url
+        return
+    from vllm_pcd.launch import serve
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with serve(model, args=SERVER_ARGS, kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
+        yield base

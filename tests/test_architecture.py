@@ -1,0 +1,127 @@
+"""The package's shape, read from its source: layers that import only downwards, no import
+circles, a pure core, and version code only where versions are told apart."""
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("vllm_pcd", "kernels")
+# Lower floors never import higher ones. Within a floor, modules may import each other
+# (without circles).
+FLOORS = (
+    ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.launch", "kernels"),
+    ("vllm_pcd.internals",),
+    ("vllm_pcd.engine",),
+    ("vllm_pcd.pipeline",),
+    ("vllm_pcd.serving",),
+    ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd"),
+)
+# What the pure core may import besides itself and the standard library.
+CORE_THIRD_PARTY = {"jsonschema"}
+VERSION_LITERAL = re.compile(r"\b0\.(24|32)\.\d")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module this file imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(MODULES)
+            found |= submodules or {node.module}  # `from package import module` names the module
+    return found
+
+
+GRAPH = {name: {m for m in imports(path) if m in MODULES and m != name}
+         for name, path in MODULES.items()}
+
+
+def floor(name: str) -> int:
+    matches = [(len(prefix), level) for level, prefixes in enumerate(FLOORS)
+               for prefix in prefixes if name == prefix or name.startswith(prefix + ".")]
+    assert matches, f"{name} is on no floor of FLOORS"
+    return max(matches)[1]
+
+
+def test_every_module_is_on_a_floor_and_imports_only_downwards():
+    upward = [(name, target) for name, targets in GRAPH.items() for target in targets
+              if floor(target) > floor(name)]
+    assert upward == []
+
+
+def test_there_are_no_import_circles():
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(GRAPH[name]):
+            if state.get(target) == 1:
+                circles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert circles == []
+
+
+def test_the_core_imports_nothing_of_vllm_torch_or_http():
+    for name, path in MODULES.items():
+        if not name.startswith("vllm_pcd.core"):
+            continue
+        outside = {m.split(".")[0] for m in imports(path)} - {"vllm_pcd", "__future__"}
+        third_party = {m for m in outside if m not in sys.stdlib_module_names}
+        assert third_party <= CORE_THIRD_PARTY, (name, third_party)
+        assert all(m.startswith("vllm_pcd.core") for m in imports(path) if
+                   m.startswith("vllm_pcd")), name
+
+
+def _code_strings(path: Path) -> list[str]:
+    """String constants that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_version_code_lives_only_in_the_version_adapters(name):
+    """A supported version's number appears in code only in its adapter and in `compat`."""
+    if name == "vllm_pcd.compat" or re.match(r"vllm_pcd\.internals\.v\d+_\d+", name):
+        return
+    assert not [s for s in _code_strings(MODULES[name]) if VERSION_LITERAL.search(s)]
+
+
+def test_each_supported_version_has_an_adapter_with_the_whole_interface():
+    from vllm_pcd import compat
+    from vllm_pcd.internals.version import VersionAdapter
+
+    members = {n for n in vars(VersionAdapter) if not n.startswith("_")} \
+        | set(VersionAdapter.__annotations__)
+    for package in compat.ADAPTERS.values():
+        source = (ROOT / "vllm_pcd" / "internals" / package / "__init__.py").read_text()
+        defined = {node.name for node in ast.parse(source).body
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+        assert members <= defined, (package, members - defined)

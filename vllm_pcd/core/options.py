@@ -1,0 +1,61 @@
+"""A request's PCD options: one frozen value, checked once, where it is built.
+
+Every door (chat completion, decision routes, offline API) builds an `Options` and passes it
+whole; nothing below re-checks an option or carries one by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from vllm_pcd.core.prompt import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATIONS, LAYOUTS
+from vllm_pcd.core.schema import MODES, SchemaError, shown
+from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
+
+# The request's `chat_template_kwargs` key of each client-settable option.
+KEYS = {"mode": "pcd_mode", "normalization": "pcd_normalization",
+        "formulation": "pcd_formulation", "layout": "pcd_layout",
+        "calibration": "pcd_calibration"}
+_CHOICES = {"mode": MODES, "normalization": tuple(NORMALIZATIONS),
+            "formulation": tuple(FORMULATIONS), "layout": LAYOUTS, "calibration": CALIBRATIONS}
+
+
+@dataclass(frozen=True)
+class Options:
+    """`mode` is the default for fields without their own `x-pcd-mode`; `normalization`
+    applies to sequence-mode values; `calibration="content_free"` divides out the schema's
+    content-free prior. `full_vocabulary` keeps the stock LM head for every scoring, so each
+    field also reports its options' mass over the whole vocabulary (the decision routes ask
+    for it; a client of the chat route cannot)."""
+
+    mode: str = "token"
+    normalization: str = "sum"
+    formulation: str = DEFAULT_FORMULATION
+    layout: str = DEFAULT_LAYOUT
+    calibration: str = "none"
+    full_vocabulary: bool = False
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise SchemaError(f"{KEYS[name]} must be one of {list(choices)}, got "
+                                  f"{shown(value)}", param=KEYS[name], rule=name)
+        if not isinstance(self.full_vocabulary, bool):
+            raise SchemaError(f"full_vocabulary must be a boolean, got "
+                              f"{shown(self.full_vocabulary)}", param="full_vocabulary",
+                              rule="full_vocabulary")
+
+    @classmethod
+    def from_template_kwargs(cls, kwargs: dict[str, Any]) -> Options:
+        """Pops the PCD options (not `pcd_schema`) from a request's chat-template kwargs."""
+        return cls(**{name: kwargs.pop(key) for name, key in KEYS.items() if key in kwargs})
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Options:
+        """From keyword values (the offline API's), refusing names that are not options."""
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown PCD option(s) {sorted(unknown)}")
+        return cls(**values)

@@ -1,0 +1,245 @@
+"""schema + conversation → token-level plan: the shared context and short branches per field.
+
+The shared context is the conversation plus the field list, rendered by the model's own chat
+template up to the assistant's turn, so every branch starts from identical tokens and vLLM can
+compute them once. A branch is the start of the assistant's answer for one field (`{"name":` or `name:`).
+Every branch's tokens are cut from the tokenization of the whole text the model reads
+(`InContext`), never tokenized on their own. In token mode option codes are each exactly one
+token in that context; values (`vllm_pcd.core.sequence`) are scored whole or up to their unique
+prefix, as the formulation says.
+The plan also decides, per scoring request, whether the LM head may be projected onto its
+token ids only (`Scoring.restricted`).
+Only a tokenizer is needed here: this module knows nothing of vLLM or HTTP.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from vllm_pcd.core import scoring
+from vllm_pcd.core.assemble import FieldResult
+from vllm_pcd.core.execution import RequestReport
+from vllm_pcd.core.in_context import InContext
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.prompt import (FORMULATIONS, NEXT_IN_OBJECT, Tokenizer, branch_text,
+                                  check_conversation, instruction_text, render_text,
+                                  with_instruction)
+from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, SchemaSpec
+from vllm_pcd.core.sequence import SequenceFieldPlan, build_sequence_field, candidate_texts
+
+# Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
+_ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
+    tuple(" " + chr(c) for c in range(ord("A"), ord("Z") + 1)),
+    tuple(" " + chr(c) for c in range(ord("a"), ord("z") + 1)),
+    tuple(f" {d}" for d in range(10)) + tuple(f" {d}" for d in range(10, 100)),
+)
+# Booleans answer with the model's natural words when they are single tokens.
+_BOOLEAN_ALPHABETS: tuple[tuple[str, str], ...] = ((" true", " false"), (" yes", " no"),
+                                                   (" A", " B"))
+
+
+@dataclass(frozen=True)
+class FieldPlan:
+    """A token-mode field: one branch, one next-token distribution over its codes."""
+
+    field: FieldSpec
+    suffix_ids: tuple[int, ...]  # the branch's own tokens, after the shared context
+    codes: tuple[str, ...]       # code text per option, in schema order
+    code_ids: tuple[int, ...]    # the single token each code adds in context
+
+    def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult:
+        return scoring.token_field(self.field, self.codes, self.code_ids, reports[0])
+
+
+AnyFieldPlan = FieldPlan | SequenceFieldPlan
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """One engine request: the branch tokens after the shared context, and the tokens whose
+    log-probabilities are wanted at the next position."""
+
+    field_index: int
+    suffix_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    units: int  # branches (token fields) or candidates (sequence) it completes
+    parent: int | None = None  # the scoring whose prompt is this one's minus its last token
+    # The LM head may project onto `token_ids` only: the field's scores are renormalised over
+    # exactly these ids at one position, and the caller does not want the mass outside them.
+    restricted: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    shared_ids: tuple[int, ...]
+    fields: tuple[AnyFieldPlan, ...]
+    scorings: tuple[Scoring, ...]  # every engine request after the shared context, in order
+
+    def branch_ids(self, index: int) -> list[int]:
+        """The whole prompt of token-mode field `index`'s branch."""
+        fp = self.fields[index]
+        if not isinstance(fp, FieldPlan):
+            raise TypeError(f"{fp.field.name} is a sequence-mode field: it has one branch per "
+                            "trie node, see scorings")
+        return [*self.shared_ids, *fp.suffix_ids]
+
+    @property
+    def branch_tokens(self) -> int:
+        """Distinct token positions the branches add to the shared context: the least any
+        execution must compute beyond it."""
+        positions = {(s.field_index, s.suffix_ids[:j + 1])
+                     for s in self.scorings for j in range(len(s.suffix_ids))}
+        return len(positions)
+
+
+def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[Scoring, ...]:
+    """The engine requests of `fields`. A token-mode field scored by one request may use the
+    restricted head; sequence-mode and multi-node fields need full-vocabulary
+    log-probabilities, and so does every field when the caller wants the mass outside the
+    options (`full_vocabulary`)."""
+    out: list[Scoring] = []
+    for i, fp in enumerate(fields):
+        if isinstance(fp, FieldPlan):
+            out.append(Scoring(i, fp.suffix_ids, fp.code_ids, 1))
+        elif fp.mode == "token":  # one branch, however many trie nodes it needs
+            out += [Scoring(i, n.prefix, n.children, int(k == 0))
+                    for k, n in enumerate(fp.nodes)]
+        else:  # a sequence-mode trie: each node may extend its parent's KV
+            first = len(out)
+            at = {n.prefix: first + k for k, n in reversed(list(enumerate(fp.nodes)))}
+            out += [Scoring(i, n.prefix, n.children, n.units, at.get(n.prefix[:-1]))
+                    for n in fp.nodes]
+    requests = Counter(s.field_index for s in out)
+    token_mode = [isinstance(fp, FieldPlan) or fp.mode == "token" for fp in fields]
+    return tuple(replace(s, restricted=not full_vocabulary and requests[s.field_index] == 1
+                         and token_mode[s.field_index]) for s in out)
+
+
+def _codes_in_context(tokenizer: Tokenizer, prefix: str, codes: Sequence[str]) -> list[int] | None:
+    """Each code's single token after `prefix`, or None if any code splits or two collide."""
+    base = tokenizer.encode(prefix, add_special_tokens=False)
+    ids = []
+    for code in codes:
+        full = tokenizer.encode(prefix + code, add_special_tokens=False)
+        if len(full) != len(base) + 1 or full[: len(base)] != base:
+            return None
+        ids.append(full[-1])
+    return ids if len(set(ids)) == len(ids) else None
+
+
+def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    alphabets = _BOOLEAN_ALPHABETS if field.kind == "boolean" else _ENUM_ALPHABETS
+    prefix = branch_text(field)
+    for alphabet in alphabets:
+        if len(alphabet) < len(field.options):
+            continue
+        codes = tuple(alphabet[: len(field.options)])
+        ids = _codes_in_context(tokenizer, prefix, codes)
+        if ids is not None:
+            return codes, tuple(ids)
+    raise SchemaError(f"pcd_schema.properties.{field.name}: no alphabet of single-token option "
+                      f"codes fits {len(field.options)} options with this tokenizer; use "
+                      '"x-pcd-mode": "sequence" for this field',
+                      param=f"pcd_schema.properties.{field.name}", rule="codes")
+
+
+def _value_end(field: FieldSpec, formulation: str, fields: int) -> str | None:
+    end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
+    if end == NEXT_IN_OBJECT:  # every branch is posed as the object's first key
+        return "," if fields > 1 else "}"
+    return end
+
+
+@dataclass(frozen=True)
+class _FieldText:
+    """A field's plan before tokenization: its mode, stem, terminator and any codes."""
+
+    field: FieldSpec
+    mode: str
+    stem: str
+    terminator: str | None
+    codes: tuple[str, ...] | None
+    space: str = " "
+
+    def continuations(self) -> list[str]:
+        if self.codes is not None:
+            return [self.stem, *(self.stem + code for code in self.codes)]
+        return candidate_texts(self.field, self.stem, self.terminator, self.space)
+
+
+def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
+                fields: int) -> _FieldText:
+    stem = branch_text(field, formulation)
+    if mode == "token" and formulation == "codes":
+        return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
+    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, fields)
+    return _FieldText(field, mode, stem, terminator, None, FORMULATIONS[formulation].space)
+
+
+def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyFieldPlan:
+    """A token-mode field's plan: single-token codes, or values scored up to their unique
+    prefix or whole with a terminator, as its formulation says (`FORMULATIONS`)."""
+    field = text.field
+    if text.codes is not None:
+        suffix = encode(text.stem)
+        ids = []
+        for code in text.codes:
+            added = encode(text.stem + code)
+            if len(added) != len(suffix) + 1 or added[:-1] != suffix:
+                raise SchemaError(f"pcd_schema.properties.{field.name}: option code {code!r} is "
+                                  "not one token in this context; use \"x-pcd-mode\": "
+                                  '"sequence" for this field',
+                                  param=f"pcd_schema.properties.{field.name}", rule="codes")
+            ids.append(added[-1])
+        return FieldPlan(field, suffix, text.codes, tuple(ids))
+    try:
+        plan = build_sequence_field(encode, field, text.stem, mode=text.mode,
+                                    terminator=text.terminator, space=text.space)
+    except ValueError as err:
+        raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
+                          param=f"pcd_schema.properties.{field.name}", rule="candidates")
+    for i, option in enumerate(field.options):
+        if plan.value_tokens(i) > limits.max_value_tokens:
+            raise SchemaError(
+                f"pcd_schema.properties.{field.name}.enum[{i}]: the serialized value takes "
+                f"{plan.value_tokens(i)} tokens; the limit is {limits.max_value_tokens}",
+                param=f"pcd_schema.properties.{field.name}", rule="max_value_tokens")
+    return plan
+
+
+def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
+               options: Options = Options(), limits: Limits = Limits(),
+               template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
+               cancelled: Callable[[], bool] = lambda: False) -> Plan:
+    """`options.mode` is the request's default; a field's own `x-pcd-mode` wins. The size
+    bounds are checked before the work they bound: characters before rendering, the
+    context's tokens before any continuation is tokenized. `cancelled` stops planning early."""
+    check_conversation(messages, limits)
+    formulation, layout = options.formulation, options.layout
+    texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation, len(schema.fields))
+             for f in schema.fields]
+    instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
+    rendered = render_text(tokenizer, with_instruction(messages, instruction, layout),
+                           template_kwargs, chat_template)
+    context = tokenizer.encode(rendered, add_special_tokens=False)
+    if len(context) + 1 > limits.max_prompt_tokens:
+        raise SchemaError(f"the prompt takes {len(context)} tokens with the rendered schema, "
+                          f"before any answer; the limit is {limits.max_prompt_tokens}",
+                          param="messages", rule="max_prompt_tokens")
+    encode = InContext(tokenizer, rendered, [t.continuations() for t in texts], context,
+                       cancelled)
+    fields = tuple(_field_plan(encode, t, limits) for t in texts)
+    plan = Plan(encode.shared_ids, fields, scorings_of(fields, options.full_vocabulary))
+    requests = 1 + len(plan.scorings)  # the shared context, then every scoring request
+    if requests > limits.max_engine_requests:
+        raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "
+                          f"is {limits.max_engine_requests}", param="pcd_schema",
+                          rule="max_engine_requests")
+    total = len(plan.shared_ids) + max(len(s.suffix_ids) + 1 for s in plan.scorings)
+    if total > limits.max_prompt_tokens:
+        raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "
+                          f"is {limits.max_prompt_tokens}", param="messages",
+                          rule="max_prompt_tokens")
+    return plan

@@ -1,0 +1,52 @@
+"""vLLM 0.32's side of `internals.version.VersionAdapter`: client faults are `VLLMClientError`
+or `GracefulHTTPError` (admission control, with its own status); routes come through the
+endpoint-plugin hook; partial-block prefix hits are copied on write, so the fork is on; the
+LM head's forward takes `skip_gather`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+STATE_MODULES = ("vllm.entrypoints.launchers.api_server.entry",
+                 "vllm.entrypoints.launchers.run_batch")
+FORK_OFF = None
+
+
+def client_error_types() -> tuple[type[BaseException], ...]:
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError
+
+    return (VLLMClientError, GracefulHTTPError)
+
+
+def error_response(err: BaseException) -> Any:
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+    return create_error_response(err)
+
+
+def client_error(message: str, param: str) -> Exception:
+    return _refusal_class()(message, parameter=param)
+
+
+@functools.cache
+def _refusal_class() -> type[Exception]:
+    from vllm.exceptions import VLLMValidationError
+
+    class PCDRefusal(VLLMValidationError, ValueError):
+        """vLLM's validation error, and a ValueError for the routes that catch those."""
+
+    return PCDRefusal
+
+
+def attach_routes(plugin: Any) -> None:
+    """Nothing to do: vLLM calls the `vllm.endpoint_plugins` entry itself."""
+
+
+def logits_forward(stock: Callable[..., Any], choose: Any) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def forward(self: Any, lm_head: Any, hidden_states: Any, embedding_bias: Any = None,
+                skip_gather: bool = False) -> Any:
+        return choose(self, lm_head, hidden_states, embedding_bias, skip_gather,
+                      lambda h: stock(self, lm_head, h, embedding_bias, skip_gather))
+    return forward

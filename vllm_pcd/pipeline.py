@@ -1,0 +1,185 @@
+"""One PCD call from schema to typed object: plan (core) → engine → result (core).
+
+Shared by the offline API (`constrained`, a `vllm.LLM`) and the API server (`answer_online`,
+its `EngineClient`), so both answer identically; a content-free prior takes the same path
+in both (`calibration.PriorCache.pending`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from vllm.logger import init_logger
+
+from vllm_pcd import internals
+from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Plan, build_plan
+from vllm_pcd.core.result import PCDResult, finish
+from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
+from vllm_pcd.engine import run_offline, run_online
+from vllm_pcd.internals.lm_head import configured_route
+
+logger = init_logger("vllm.pcd")
+PRIORS = PriorCache()
+
+
+class Overloaded(Exception):
+    """More PCD calls wait for planning than `limits.max_queued_plans`: refused (HTTP 429)."""
+
+
+class Planner:
+    """Planning (chat template, tokenizer passes) blocks for milliseconds: on the API server
+    it runs on one thread of its own, never on the event loop. Its queue is bounded (a call
+    past the bound is refused at once), and a caller that gives up (timeout, disconnect)
+    takes its work out of the queue, or stops it between continuations if it has begun."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcd-plan")
+        self.waiting = 0
+
+    async def plan(self, bound: int, build: Any, *args: Any) -> Plan:
+        if self.waiting >= bound:
+            raise Overloaded(f"{self.waiting} PCD calls are waiting for planning "
+                             f"(limits.max_queued_plans = {bound}); retry later")
+        self.waiting += 1
+        stop = threading.Event()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, functools.partial(build, *args, cancelled=stop.is_set))
+        finally:
+            stop.set()
+            self.waiting -= 1
+
+
+PLANNER = Planner()
+
+Conversation = str | list[dict[str, Any]]
+# Documents submitted to the engine together by the batch API; more wait for the next call.
+DOCUMENTS_PER_CALL = 256
+
+
+def as_messages(text_or_messages: Conversation) -> list[dict[str, Any]]:
+    if isinstance(text_or_messages, str):
+        return [{"role": "user", "content": text_or_messages}]
+    return list(text_or_messages)
+
+
+def _is_many(documents: Any) -> bool:
+    """A list of texts or of conversations (a conversation itself is a list of dicts)."""
+    return isinstance(documents, (list, tuple)) and bool(documents) \
+        and all(isinstance(d, (str, list, tuple)) for d in documents)
+
+
+def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
+                schema: dict[str, Any], options: Options | None = None, *,
+                limits: Limits = Limits(), cache_salt: str | None = None,
+                template_kwargs: dict[str, Any] | None = None,
+                **option_values: Any) -> PCDResult | list[PCDResult]:
+    """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD; given a list of
+    them, answer each, submitting up to DOCUMENTS_PER_CALL documents to the engine at once so
+    vLLM batches them. The options (`core.options.Options`) come whole or as keywords
+    (`mode="sequence"`); the content-free prior is computed alongside the first documents
+    that need it and cached."""
+    if not internals.active():
+        logger.warning_once("vllm-pcd's engine patches are off in this process (set "
+                            "VLLM_PLUGINS=pcd before creating the LLM): answers are the same, "
+                            "computed without the KV fork, grouped admission or restricted head")
+    options = options or Options.of(option_values)
+    many = _is_many(documents)
+    spec = parse_schema(schema, limits)
+    route = configured_route(llm.llm_engine.vllm_config)
+
+    def plan_of(messages: list[dict[str, Any]]) -> Plan:
+        return build_plan(llm.get_tokenizer(), spec, messages, options, limits, template_kwargs)
+
+    results = []
+    todo = list(documents) if many else [documents]
+    for at in range(0, len(todo), DOCUMENTS_PER_CALL):
+        start = time.perf_counter()
+        plans = [plan_of(as_messages(doc)) for doc in todo[at:at + DOCUMENTS_PER_CALL]]
+        plan_s = (time.perf_counter() - start) / len(plans)
+        # One prior per distinct content-free conversation (the documents' system turns).
+        empties = [json.dumps(content_free_messages(as_messages(doc)), sort_keys=True)
+                   for doc in todo[at:at + len(plans)]]
+        priors: dict[str, PendingPrior] = {}
+        if options.calibration == "content_free":
+            priors = {text: PRIORS.pending(plan_of(json.loads(text)), options.normalization,
+                                           cache_salt) for text in dict.fromkeys(empties)}
+        missing = [text for text, p in priors.items() if p.cached is None]
+        executions = run_offline(llm, plans + [priors[t].plan for t in missing],
+                                 branches_per_batch=limits.max_branches_per_batch,
+                                 cache_salt=cache_salt)
+        ran = dict(zip(missing, executions[len(plans):]))
+        resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
+        results += [finish(spec, plan, execution, plan_s, options.normalization, route,
+                           resolved.get(empty))
+                    for plan, execution, empty in zip(plans, executions, empties)]
+    return results if many else results[0]
+
+
+@dataclass(frozen=True)
+class Online:
+    """What every online call runs on: the server's engine, PCD's tokenizer, the limits, and
+    the restricted LM head's route (for the diagnostics)."""
+
+    engine: Any
+    tokenizer: Any
+    limits: Limits
+    projection_route: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One online call's own settings, beside its schema, messages and options."""
+
+    template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+    request_id: str | None = None
+    cache_salt: str | None = None
+    data_parallel_rank: int | None = None
+
+
+async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[str, Any]],
+                        options: Options, call: Call = Call()) -> PCDResult:
+    """On a prior's cache miss its engine requests run beside the document's, in the same
+    engine steps."""
+    limits = online.limits
+
+    def plan_of(conversation: list[dict[str, Any]]) -> Any:
+        return PLANNER.plan(limits.max_queued_plans, build_plan, online.tokenizer, spec,
+                            conversation, options, limits, call.template_kwargs,
+                            call.chat_template)
+
+    def execute(plan: Plan, rid: str | None) -> Any:
+        return run_online(online.engine, plan, branches_per_batch=limits.max_branches_per_batch,
+                          request_id=rid, cache_salt=call.cache_salt,
+                          data_parallel_rank=call.data_parallel_rank)
+
+    start = time.perf_counter()
+    plan = await plan_of(messages)
+    plan_s = time.perf_counter() - start
+    prior = execution = None
+    if options.calibration == "content_free":
+        pending = PRIORS.pending(await plan_of(content_free_messages(messages)),
+                                 options.normalization, call.cache_salt)
+        if pending.cached is None:
+            async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the other
+                document = group.create_task(execute(plan, call.request_id))
+                empty = group.create_task(execute(pending.plan, call.request_id
+                                                  and f"{call.request_id}-prior"))
+            execution = document.result()
+            prior = pending.resolve(empty.result())
+        else:
+            prior = pending.resolve()
+    if execution is None:
+        execution = await execute(plan, call.request_id)
+    return finish(spec, plan, execution, plan_s, options.normalization,
+                  online.projection_route, prior)

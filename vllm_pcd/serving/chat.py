@@ -1,0 +1,136 @@
+"""PCD's answer to a chat completion, at vLLM's chat handler (`internals.handler`): every door
+that calls the handler (the HTTP route, `/invocations`, `vllm run-batch`) answers the same.
+
+A request whose `chat_template_kwargs` carry a PCD key is PCD's: it is checked here (options
+PCD cannot honour are refused, never ignored), answered by the service, and written as an
+OpenAI chat completion with PCD's diagnostics beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.schema import MODES, SchemaError, parse_schema, shown
+from vllm_pcd.serving import metrics
+from vllm_pcd.serving.errors import ErrorAnswer
+from vllm_pcd.serving.service import PCD_KEYS, PCDService
+
+# Chat-completion options that PCD cannot honour; refused rather than silently ignored.
+_UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
+
+
+def is_pcd_request(request: ChatCompletionRequest) -> bool:
+    kwargs = request.chat_template_kwargs or {}
+    return any(key in kwargs for key in PCD_KEYS)
+
+
+def plain_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
+    """OpenAI messages → role/content strings; only text content is meaningful to PCD."""
+    messages = []
+    for i, message in enumerate(request.messages):
+        message = dict(message)
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                part = dict(part)
+                if part.get("type") != "text" or not isinstance(part.get("text", ""), str):
+                    raise SchemaError(f"messages[{i}]: only text content is supported with "
+                                      f"pcd_schema, got {shown(part.get('type'))}",
+                                      param=f"messages[{i}].content", rule="content")
+                parts.append(part.get("text", ""))
+            content = "\n".join(parts)
+        if not isinstance(content, str):
+            raise SchemaError(f"messages[{i}]: content must be text", param=f"messages[{i}]",
+                              rule="content")
+        messages.append({"role": str(message.get("role")), "content": content})
+    return messages
+
+
+def _refuse_unsupported(request: ChatCompletionRequest) -> None:
+    for name, bad in _UNSUPPORTED.items():
+        value = getattr(request, name, None)
+        if (value is True) if bad is True else bool(value):
+            raise SchemaError(f"{name} cannot be combined with pcd_schema", param=name,
+                              rule="unsupported_option")
+    if (request.n or 1) != 1:
+        raise SchemaError("n must be 1 with pcd_schema", param="n", rule="unsupported_option")
+    if request.add_generation_prompt is False or request.continue_final_message:
+        raise SchemaError("PCD answers in a new assistant turn: add_generation_prompt must stay "
+                          "true and continue_final_message false", param="add_generation_prompt",
+                          rule="unsupported_option")
+
+
+async def answer_chat(service: PCDService, handler: Any, request: ChatCompletionRequest
+                      ) -> tuple[int, dict[str, Any]] | None:
+    """vLLM's chat handler asks this first: PCD's answer as (HTTP status, OpenAI body), or
+    None for a request that is not PCD's."""
+    if not is_pcd_request(request):
+        return None
+    mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
+    mode = mode if mode in MODES else "invalid"
+    try:
+        status, body = await _answer(service, request, mode)
+    except asyncio.CancelledError:
+        metrics.record_refusal(mode, "cancelled")
+        raise
+    if status >= 400:
+        metrics.record_refusal(mode, "error" if status >= 500 else "rejected")
+    return status, body
+
+
+async def _answer(service: PCDService, request: ChatCompletionRequest, mode_label: str
+                  ) -> tuple[int, dict[str, Any]]:
+    if (refused := service.refusal(request.model)) is not None:
+        return refused.status.value, refused.body()
+    kwargs = service.template_kwargs(request.chat_template_kwargs)
+    try:
+        _refuse_unsupported(request)
+        options = Options.from_template_kwargs(kwargs)
+        spec = parse_schema(kwargs.pop("pcd_schema", None), service.limits)
+        messages = plain_messages(request)
+        chat_template = service.chat_template(request)
+    except SchemaError as err:
+        return HTTPStatus.BAD_REQUEST.value, ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err),
+                                                         err.param).body()
+    request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
+    result = await service.run(messages, spec, options, kwargs, chat_template=chat_template,
+                               cache_salt=request.cache_salt, request_id=request_id,
+                               mode_label=mode_label)
+    if isinstance(result, ErrorAnswer):
+        return result.status.value, result.body()
+    model = request.model or service.state.openai_serving_models.model_name()
+    return 200, completion(request_id, model, result.content,
+                           result.diagnostics(service.reveals_cache), len(spec.fields))
+
+
+def completion(request_id: str, model: str, content: str, diagnostics: dict[str, Any],
+               decisions: int) -> dict[str, Any]:
+    """An OpenAI chat completion carrying the object, with PCD's diagnostics beside it."""
+    prompt_tokens = diagnostics["tokens"]["ideal"]
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": decisions,
+                             "total_tokens": prompt_tokens + decisions}
+    if "computed" in diagnostics["tokens"]:  # cache hits revealed on this server
+        usage["prompt_tokens_details"] = {
+            "cached_tokens": prompt_tokens - min(prompt_tokens, diagnostics["tokens"]["computed"])}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }],
+        "usage": usage,
+        "pcd": diagnostics,
+    }
