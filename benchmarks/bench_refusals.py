@@ -16,13 +16,12 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks.bench_latency import RESULTS
-from benchmarks.harness import run_on_server
+from benchmarks.harness import run_on_server, server_parser
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["refund", "topic"],
           "properties": {"refund": {"type": "boolean"},
@@ -97,19 +96,11 @@ def table(results: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from vllm_pcd.models import default_model_path
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_refusals",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--url", help="attach to a running server with the pcd plugin")
-    parser.add_argument("--model", default=str(default_model_path()))
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 calls")
+    parser = server_parser("refusals", __doc__, "2 rounds of 3 calls")
     parser.add_argument("--megabytes", type=int, default=1)
     parser.add_argument("--flooders", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--out", type=Path, help="output path without suffix "
-                        "(default benchmarks/results/refusals[-quick])")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.reps = 2, 3

@@ -25,7 +25,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
-from benchmarks.harness import provenance, publish, run_on_server, save_figure
+from benchmarks.harness import provenance, publish, run_on_server, save_figure, server_parser
 from benchmarks.methods import Client, Outcome, Task, load_tokenizer, make_task, run_method
 from benchmarks.metrics import is_schema_valid, median
 
@@ -163,19 +163,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from vllm_pcd.models import default_model_path
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_throughput",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
-    parser.add_argument("--model", default=str(default_model_path()))
-    parser.add_argument("--quick", action="store_true", help="4 documents, 3 fields, c=1,2")
+    parser = server_parser("throughput", __doc__, "4 documents, 3 fields, c=1,2")
     parser.add_argument("--docs", type=int, default=64)
     parser.add_argument("--sequential-docs", type=int, default=16)
     parser.add_argument("--fields", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--out", type=Path, help="output path without suffix "
-                        "(default benchmarks/results/throughput[-quick])")
     args = parser.parse_args(argv)
     if args.quick:
         args.docs, args.sequential_docs, args.fields, args.concurrency = 4, 2, [3], [1, 2]

@@ -3,6 +3,7 @@ the code measured, and publish the results beside their figure."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -12,7 +13,20 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
 from benchmarks.methods import SERVER_ARGS
-from vllm_pcd.models import fast_dtype
+from vllm_pcd.models import default_model_path, fast_dtype
+
+
+def server_parser(name: str, doc: str, quick: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark run against a server: --url, --model, --quick, --out
+    (default benchmarks/results/<name>[-quick])."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.bench_{name}",
+                                     description=doc.split("\n")[0])
+    parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
+    parser.add_argument("--model", default=str(default_model_path()))
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--out", type=Path, help="output path without suffix "
+                        f"(default benchmarks/results/{name}[-quick])")
+    return parser
 
 
 def serving_note(url: str | None) -> str:

@@ -56,7 +56,8 @@ class Task:
 def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]],
               layout: str = DEFAULT_LAYOUT) -> Task:
     spec = parse_schema(schema)
-    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages, Options(layout=layout)),
+    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages,
+                                                   Options(layout=layout)),
                 layout, tokenizer)
 
 

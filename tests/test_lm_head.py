@@ -56,14 +56,16 @@ def worst(a, b):
 
 
 def test_engine_restricts_only_scores_renormalised_at_one_position(tokenizer):
-    codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE), Options(formulation="codes"))
-    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE), Options(formulation="json"))
+    codes = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
+                       Options(formulation="codes"))
+    json = build_plan(tokenizer, parse_schema(MIXED_SCHEMA), as_messages(MESSAGE),
+                      Options(formulation="json"))
     fields = [s.field_index for s in json.scorings]
     # the cases this test is about: values sharing leading tokens, a sequence-mode field, a
     # boolean scored with its terminator (three requests)
     assert fields.count(2) > 1 and fields.count(3) > 1 and fields.count(1) == 3
     assert [s.restricted for s in json.scorings] == [i == 0 for i in fields]
-    assert [s.restricted for s in codes.scorings] == [i != 3 for i in (s.field_index for s in codes.scorings)]
+    assert [s.restricted for s in codes.scorings] == [s.field_index != 3 for s in codes.scorings]
     assert tags.check(branch_params([5, 7], restrict=True).extra_args) == tags.Tags(allowed=(5, 7))
     assert branch_params([5, 7]).extra_args is None
 
@@ -128,7 +130,8 @@ def test_plain_request_in_a_restricted_batch_stays_stock(fp32_llm, tokenizer, mo
     """One step runs a plain request, two tagged branches and a request with another
     plugin's extra_args; only the branches are restricted and the others get the stock
     log-probabilities."""
-    plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE), Options(formulation="codes"))
+    plan = build_plan(tokenizer, parse_schema(SUPPORT_SCHEMA), as_messages(MESSAGE),
+                      Options(formulation="codes"))
     plain = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False)
     foreign = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, detokenize=False,
                              extra_args={"allowed": ["not", "ids"], "other_plugin": 1})

@@ -24,7 +24,8 @@ def test_plan_codes_are_single_distinct_tokens_in_context(tokenizer):
 
 def test_shared_context_is_the_rendered_chat_with_the_field_list(tokenizer):
     spec = parse_schema(SUPPORT_SCHEMA)
-    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(formulation="codes"))
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                      Options(formulation="codes"))
     text = tokenizer.decode(list(plan.shared_ids))
     assert MESSAGE in text and "topic (The main issue in the message): A = billing" in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -80,11 +81,13 @@ def test_engine_requests_of_one_call_are_bounded(tokenizer):
             "properties": {f"f{i}": {"enum": [f"option {i}-{j}" for j in range(8)]}
                            for i in range(32)}}
     wide["required"] = list(wide["properties"])
-    plan = build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}], Options(mode="sequence"))
+    plan = build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                      Options(mode="sequence"))
     needed = 1 + len(plan.scorings)
     assert needed > 32 * 8
     with pytest.raises(SchemaError) as info:
-        build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}], Options(mode="sequence"), Limits(max_engine_requests=needed - 1))
+        build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                   Options(mode="sequence"), Limits(max_engine_requests=needed - 1))
     assert info.value.rule == "max_engine_requests" and str(needed) in str(info.value)
 
 
@@ -154,7 +157,8 @@ def test_json_formulation_requests(tokenizer):
     (its first token, then the terminator after each value). By default (unique prefixes)
     the boolean needs one too."""
     spec = parse_schema(SUPPORT_SCHEMA)
-    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(formulation="json"))
+    plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                      Options(formulation="json"))
     assert [fp.field.kind for fp in plan.fields] == ["enum", "boolean"]
     assert [len(fp.nodes) for fp in plan.fields] == [1, 3]
     assert len(plan.scorings) == 4
@@ -178,15 +182,18 @@ def test_thirty_two_token_fields_fit_one_microbatch(tokenizer):
     spec = parse_schema({"type": "object", "properties": props, "required": list(props),
                          "additionalProperties": False})
     for formulation in ("json", "codes"):
-        plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(formulation=formulation))
+        plan = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                          Options(formulation=formulation))
         assert len(microbatches(plan.scorings, 32)) == 1
-    seq = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(mode="sequence"))
+    seq = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                     Options(mode="sequence"))
     assert len(microbatches(seq.scorings, 32)) == math.ceil(spec.total_candidates / 32)
 
 
 def test_schema_first_layout_puts_the_field_list_before_every_document(tokenizer):
     spec = parse_schema(SIX_FIELD_SCHEMA)
-    plans = [build_plan(tokenizer, spec, [{"role": "user", "content": doc}], Options(layout="schema_first"))
+    plans = [build_plan(tokenizer, spec, [{"role": "user", "content": doc}],
+                        Options(layout="schema_first"))
              for doc in (MESSAGE, "A short note about something else entirely.")]
     text = tokenizer.decode(list(plans[0].shared_ids))
     assert text.index("the conversation that follows") < text.index("- urgent") \
@@ -196,7 +203,8 @@ def test_schema_first_layout_puts_the_field_list_before_every_document(tokenizer
                                                     "schema_first"), add_special_tokens=False)
     assert common > len(instruction)  # every document starts from the schema's tokens
     with_system = build_plan(tokenizer, spec, [{"role": "system", "content": "Be terse."},
-                                               {"role": "user", "content": MESSAGE}], Options(layout="schema_first"))
+                                               {"role": "user", "content": MESSAGE}],
+                             Options(layout="schema_first"))
     assert "- urgent" in tokenizer.decode(list(with_system.shared_ids)).split("Be terse.")[0]
     with pytest.raises(SchemaError, match="pcd_layout"):
         build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(layout=["x"]))
@@ -206,7 +214,8 @@ def test_value_ends_per_formulation(tokenizer):
     """json_next: whole values, then what follows them in the object (`,` or, alone, `}`);
     json_prefix: each value up to its unique token, booleans included."""
     def endings(schema, formulation):
-        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}], Options(formulation=formulation))
+        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}],
+                          Options(formulation=formulation))
         return {fp.field.name: [tokenizer.decode(list(c[s:]))
                                 for c, s in zip(fp.candidates, fp.score_from)]
                 for fp in plan.fields}
@@ -224,7 +233,8 @@ def test_value_ends_per_formulation(tokenizer):
 def test_tokens_every_branch_opens_with_are_computed_once_in_the_shared_context(
         tokenizer, formulation, layout):
     plan = build_plan(tokenizer, parse_schema(SIX_FIELD_SCHEMA),
-                      [{"role": "user", "content": MESSAGE}], Options(formulation=formulation, layout=layout))
+                      [{"role": "user", "content": MESSAGE}],
+                      Options(formulation=formulation, layout=layout))
     text = tokenizer.decode(list(plan.shared_ids))
     assert text.endswith('<|im_start|>assistant\n{"'), text[-40:]
     # every scoring still adds tokens of its own, and no branch starts with the opening again
@@ -236,5 +246,6 @@ def test_a_single_field_keeps_a_token_of_its_own_in_every_branch(tokenizer):
     schema = {"type": "object", "properties": {"urgent": {"type": "boolean"}},
               "required": ["urgent"], "additionalProperties": False}
     for formulation in ("json_prefix", "json", "codes"):
-        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}], Options(formulation=formulation))
+        plan = build_plan(tokenizer, parse_schema(schema), [{"role": "user", "content": MESSAGE}],
+                          Options(formulation=formulation))
         assert all(s.suffix_ids for s in plan.scorings), formulation

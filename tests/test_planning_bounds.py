@@ -67,7 +67,8 @@ def test_a_text_over_the_character_bound_is_refused_before_it_is_rendered(tokeni
     counting = Counting(tokenizer)
     huge = "x" * (limits.prompt_chars + 1)
     with pytest.raises(SchemaError, match="max_prompt_chars") as err:
-        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), [{"role": "user", "content": huge}], limits=limits)
+        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), [{"role": "user", "content": huge}],
+                   limits=limits)
     assert err.value.rule == "max_prompt_chars" and counting.calls == 0
     parts = [{"role": "user", "content": [{"type": "text", "text": huge}]}]
     with pytest.raises(SchemaError, match="max_prompt_chars"):

@@ -66,7 +66,8 @@ def _value_texts(fp, formulation):
                                               ("json_tight", "token")])
 def test_branch_ids_are_the_tokenization_of_the_whole_text(sp_tokenizer, formulation, mode):
     spec = parse_schema(SIX_FIELD_SCHEMA)
-    plan = build_plan(sp_tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(mode=mode, formulation=formulation))
+    plan = build_plan(sp_tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                      Options(mode=mode, formulation=formulation))
     text = _rendered(sp_tokenizer, spec, plan, formulation)
     for fp in plan.fields:
         for k, whole_text in enumerate(_value_texts(fp, formulation)):

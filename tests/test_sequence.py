@@ -65,7 +65,8 @@ def test_mixed_modes_in_one_plan(tokenizer):
     raw = dict(TRICKY)
     raw["properties"] = dict(TRICKY["properties"])
     raw["properties"]["refund_requested"] = {"type": "boolean", "x-pcd-mode": "token"}
-    plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}], Options(mode="sequence", formulation="codes"))
+    plan = build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": MESSAGE}],
+                      Options(mode="sequence", formulation="codes"))
     kinds = [type(fp) for fp in plan.fields]
     assert kinds == [SequenceFieldPlan] * 3 + [FieldPlan]
     text = tokenizer.decode(list(plan.shared_ids))
@@ -76,7 +77,8 @@ def test_value_token_limit_is_checked_before_inference(tokenizer):
     raw = {"type": "object", "required": ["x"], "additionalProperties": False,
            "properties": {"x": {"enum": ["word " * 40, "short"]}}}
     with pytest.raises(SchemaError) as info:
-        build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": "hi"}], Options(mode="sequence"), Limits(max_value_tokens=16))
+        build_plan(tokenizer, parse_schema(raw), [{"role": "user", "content": "hi"}],
+                   Options(mode="sequence"), Limits(max_value_tokens=16))
     assert info.value.rule == "max_value_tokens"
 
 

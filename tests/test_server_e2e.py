@@ -123,7 +123,8 @@ def test_a_second_document_with_the_same_schema_computes_only_its_own_tokens(
     partial block at the divergence). Document first, nothing beyond the template's opening
     is shared."""
     docs = [MESSAGE, "The app crashes whenever I open the settings page on my phone."]
-    plans = [build_plan(tokenizer, parse_schema(WIDE_SCHEMA), as_messages(d), Options(layout=layout))
+    plans = [build_plan(tokenizer, parse_schema(WIDE_SCHEMA), as_messages(d),
+                        Options(layout=layout))
              for d in docs]
     common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
     salt = f"second-document-{layout}"

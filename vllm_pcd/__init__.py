@@ -4,9 +4,10 @@
 text with a `vllm.LLM`; the `pcd` plugins serve the same through `vllm serve`.
 """
 
+from vllm_pcd.core.options import Options
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
-__all__ = ["Limits", "SchemaError", "constrained", "parse_schema"]
+__all__ = ["Limits", "Options", "SchemaError", "constrained", "parse_schema"]
 
 
 def __getattr__(name: str):
