@@ -28,7 +28,8 @@ from tqdm import tqdm
 from benchmarks import public_data
 from benchmarks.harness import provenance, run_on_server, save_figure
 from benchmarks.methods import METHODS, Client, Outcome, load_tokenizer, make_task, run_method
-from benchmarks.metrics import (Case, confidences, exact_accuracy, expected_calibration_error,
+from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
+                                expected_calibration_error,
                                 field_accuracy, first_option_share, median, p90,
                                 paired_bootstrap, reliability, true_share, valid_rate)
 from vllm_pcd.core.prompt import DEFAULT_LAYOUT, LAYOUTS
@@ -69,6 +70,7 @@ def method_report(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[
         "boolean_accuracy": field_accuracy(answers, "boolean"),
         "enum_accuracy": field_accuracy(answers, "enum"),
         "exact_accuracy": exact_accuracy(answers),
+        "balanced_accuracy": balanced_accuracy(answers),
         "schema_valid_rate": valid_rate(answers),
         "true_share": true_share(answers),
         "first_option_share": first_option_share(answers),
@@ -131,7 +133,7 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
     tasks, pooled_cases, pooled = {}, [], {}
     try:
         for source in args.data:
-            cases = public_data.load(source, args.limit)
+            cases = public_data.load(source, args.limit, balanced=args.sample == "balanced")
             runs = await evaluate_task(client, tokenizer, source, cases, args.methods,
                                        args.concurrency, args.layout)
             tasks[source] = {**task_report(cases, runs),
@@ -146,6 +148,7 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
     finally:
         await client.close()
     return {"serving": serving, "model": str(args.model), "data": args.data, "limit": args.limit,
+            "sample": args.sample,
             "concurrency": args.concurrency, "layout": args.layout,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code, "tasks": tasks,
             "overall": task_report(pooled_cases, pooled)}
@@ -166,7 +169,7 @@ def _interval(row: dict[str, float] | None) -> str:
             f"{100 * row['high']:+.1f}]")
 
 
-COLUMNS = ["method", "field", "bool", "enum", "exact", "Δfield vs AR [95%]",
+COLUMNS = ["method", "field", "bal", "bool", "enum", "exact", "Δfield vs AR [95%]",
            "Δexact vs AR [95%]", "true", "first", "ECE", "med s", "tokens", "calls"]
 
 
@@ -179,7 +182,8 @@ def task_rows(name: str, report: dict[str, Any]) -> list[str]:
             rows.append(f"| {name} | {report['cases']} | {method} | {rep['status']} |")
             continue
         delta = deltas.get(method, {})
-        cells = [method, _pct(rep["field_accuracy"]), _pct(rep["boolean_accuracy"]),
+        cells = [method, _pct(rep["field_accuracy"]), _pct(rep["balanced_accuracy"]),
+                 _pct(rep["boolean_accuracy"]),
                  _pct(rep["enum_accuracy"]), _pct(rep["exact_accuracy"]),
                  _interval(delta.get("field")), _interval(delta.get("exact")),
                  _pct(rep["true_share"]), _pct(rep["first_option_share"]),
@@ -187,7 +191,7 @@ def task_rows(name: str, report: dict[str, Any]) -> list[str]:
                  _num(rep["tokens_computed"]), _num(rep["backbone_calls"])]
         rows.append(f"| {name} | {report['cases']} | " + " | ".join(cells) + " |")
     gold = report["gold"]
-    rows.append(f"| {name} | {report['cases']} | gold | | | | | | | "
+    rows.append(f"| {name} | {report['cases']} | gold | | | | | | | | "
                 f"{_pct(gold['true_share'])} | {_pct(gold['first_option_share'])} | | | | |")
     return rows
 
@@ -234,6 +238,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
     parser.add_argument("--limit", type=int, help="N cases per source, drawn with a fixed seed")
+    parser.add_argument("--sample", choices=["natural", "balanced"], default="natural",
+                        help="balanced: as many cases of each gold answer (of the first "
+                             "field) as the rarest has, up to --limit")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                         help="where every method is given the field list")

@@ -63,6 +63,35 @@ def field_accuracy(cases: Sequence[Case], kind: str | None = None) -> float | No
     return share(field_hits(cases, kind))
 
 
+def balanced_accuracy(cases: Sequence[Case]) -> float | None:
+    """The mean, over every (field, gold label), of that label's recall: a method that
+    answers by a label prior (always `true`, always the first option) scores 1/labels here,
+    however the sample's labels are mixed."""
+    recalls: dict[tuple[str, str], list[bool]] = {}
+    for case in cases:
+        for name in case.schema["properties"]:
+            gold = case.expected[name]
+            got = case.predicted.get(name) if isinstance(case.predicted, dict) else None
+            recalls.setdefault((name, repr(gold)), []).append(_same(gold, got))
+    return share([share(hits) for hits in recalls.values()]) if recalls else None
+
+
+def label_balanced(cases: Sequence[dict[str, Any]], limit: int | None, seed: int
+                   ) -> list[dict[str, Any]]:
+    """Up to `limit` cases (all, without one) with as many of each gold answer of the first
+    field as the rarest has, drawn with `seed`: a sample whose label mix cannot reward a
+    prior."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for case in cases:
+        first = next(iter(case["schema"]["properties"]))
+        by_label.setdefault(repr(case["expected"][first]), []).append(case)
+    per_label = min(len(group) for group in by_label.values())
+    if limit:
+        per_label = min(per_label, limit // len(by_label))
+    rng = random.Random(seed)
+    return [c for label in sorted(by_label) for c in rng.sample(by_label[label], per_label)]
+
+
 def exact_accuracy(cases: Sequence[Case]) -> float | None:
     return share([all(field_hits([case])) for case in cases])
 

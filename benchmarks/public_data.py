@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from benchmarks.metrics import label_balanced
 from vllm_pcd.models import cache_dir
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
@@ -224,15 +225,19 @@ SOURCES: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
     "bbq_pairs": bbq_pairs}
 
 
-def load(source: str, limit: int | None = None) -> list[dict[str, Any]]:
+def load(source: str, limit: int | None = None, balanced: bool = False
+         ) -> list[dict[str, Any]]:
     """`limit` cases drawn with a fixed seed (all of them, in file order, without one); a
-    path is read as JSON lines of cases."""
+    path is read as JSON lines of cases. `balanced` draws as many cases of each gold answer
+    of the first field as the rarest has (`metrics.label_balanced`)."""
     if source.startswith("bigbench:"):
         cases = list(bigbench(source.split(":", 1)[1]))
     elif source in SOURCES:
         cases = list(SOURCES[source]())
     else:
         cases = jsonl(Path(source))
+    if balanced:
+        return label_balanced(cases, limit, SEED)
     if limit and limit < len(cases):
         cases = random.Random(SEED).sample(cases, limit)
     return cases

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from benchmarks.metrics import (
-    Case, confidences, exact_accuracy, expected_calibration_error, field_accuracy,
-    first_option_share, is_schema_valid, median, p90, paired_bootstrap, percentile,
-    reliability, true_share, valid_rate)
+    Case, balanced_accuracy, confidences, exact_accuracy, expected_calibration_error,
+    field_accuracy, first_option_share, is_schema_valid, label_balanced, median, p90,
+    paired_bootstrap, percentile, reliability, true_share, valid_rate)
 
 SCHEMA = {
     "type": "object",
@@ -140,3 +140,29 @@ def test_two_runs_are_compared_case_by_case(tmp_path):
     lines = compare(run, "m", other, "m")
     assert lines[0].startswith(f"{source}: field +50.0") and "exact +50.0" in lines[0]
     assert lines[-1].startswith("pooled public: field +50.0")
+
+
+YES_NO = {"type": "object", "properties": {"answer": {"type": "boolean"}},
+          "required": ["answer"], "additionalProperties": False}
+
+
+def test_balanced_accuracy_gives_a_label_prior_nothing():
+    """Always `true` on three true cases and one false: 75% accurate, 50% balanced."""
+    always_true = [Case(YES_NO, {"answer": gold}, {"answer": True})
+                   for gold in (True, True, True, False)]
+    assert field_accuracy(always_true) == pytest.approx(0.75)
+    assert balanced_accuracy(always_true) == pytest.approx(0.5)
+    reading = [Case(YES_NO, {"answer": gold}, {"answer": gold}) for gold in (True, False)]
+    assert balanced_accuracy(reading) == 1.0
+    # per (field, label): billing 1/2, shipping 0/1, refund false 1/2 and true 1/1,
+    # urgent true 1/3 (the missing object counts as wrong)
+    assert balanced_accuracy(CASES) == pytest.approx((0.5 + 0 + 0.5 + 1 + 1 / 3) / 5)
+
+
+def test_a_label_balanced_sample_has_as_many_of_each_answer():
+    cases = [{"schema": YES_NO, "expected": {"answer": i % 4 == 0}, "id": i} for i in range(40)]
+    sample = label_balanced(cases, None, seed=0)
+    assert len(sample) == 20 and sum(c["expected"]["answer"] for c in sample) == 10
+    limited = label_balanced(cases, 8, seed=0)
+    assert len(limited) == 8 and sum(c["expected"]["answer"] for c in limited) == 4
+    assert label_balanced(cases, 8, seed=0) == limited  # the draw is seeded
