@@ -69,11 +69,16 @@ def chained_tries() -> bool:
     return value == "chained"
 
 
-def prefill_params(shared_len: int | None = None) -> SamplingParams:
-    """`shared_len` tags the request so the branches can fork its KV at that length."""
+def prefill_params(shared_len: int | None = None, reads: Sequence[int] = ()) -> SamplingParams:
+    """`shared_len` tags the request so the branches can fork its KV at that length; `reads`
+    adds the lengths of earlier prompts it may fork from itself (a conditioned round's)."""
+    lengths = tuple(sorted({n for n in (shared_len, *reads) if n}))
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          extra_args=tags.encode(tags.Tags(shared=(shared_len,) if shared_len
-                                                           else ())))
+                          extra_args=tags.encode(tags.Tags(shared=lengths)))
+
+
+def context_params(plan: Plan) -> SamplingParams:
+    return prefill_params(len(plan.shared_ids), plan.reads[0] if plan.reads else ())
 
 
 def branch_params(token_ids: Sequence[int], group: tuple[str, int] | None = None,
@@ -147,6 +152,9 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_sal
     scorings = plan.scorings
     chained = chained_tries()
     forks = fork_lengths(scorings, shared_len, chained)
+    for i, scoring in enumerate(scorings):  # a conditioned round's earlier and later rounds
+        forks[i] += [*(plan.reads[i + 1] if plan.reads else ()),
+                     *([shared_len + len(scoring.suffix_ids)] if plan.leaves else [])]
     batches = []
     for number, batch in enumerate(schedule(scorings, branches_per_batch, chained)):
         together = (f"{group_id}-b{number}", len(batch))
@@ -161,7 +169,8 @@ def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, m
                end: float) -> Execution:
     branches = tuple(_report(o, s.token_ids, probe_id(s.token_ids) if s.restricted else None)
                      for o, s in zip(outputs, plan.scorings))
-    return Execution(_report(prefill), branches, mid - start, end - mid)
+    return Execution(None if prefill is None else _report(prefill), branches, mid - start,
+                     end - mid)
 
 
 def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
@@ -170,8 +179,11 @@ def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
     `generate` call, then the k-th branch batch of every plan in one call, so vLLM batches
     the documents together (two backbone calls for a whole list, trie levels aside)."""
     start = time.perf_counter()
-    prefills = llm.generate([_prompt(p.shared_ids, cache_salt) for p in plans],
-                            [prefill_params(len(p.shared_ids)) for p in plans], use_tqdm=False)
+    contexts = [p for p in plans if p.context]
+    done = iter(llm.generate([_prompt(p.shared_ids, cache_salt) for p in contexts],
+                             [context_params(p) for p in contexts], use_tqdm=False)
+                if contexts else ())
+    prefills = [next(done) if p.context else None for p in plans]
     mid = time.perf_counter()
     outputs: list[list[Any]] = [[None] * len(p.scorings) for p in plans]
     group_id = f"pcd-offline-{uuid.uuid4().hex}"
@@ -208,8 +220,8 @@ async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
     pinned = {"data_parallel_rank": data_parallel_rank} if data_parallel_rank is not None else {}
     start = time.perf_counter()
     prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
-                                           prefill_params(len(plan.shared_ids)), f"{rid}-ctx",
-                                           **pinned))
+                                           context_params(plan), f"{rid}-ctx", **pinned)
+                           ) if plan.context else None
     mid = time.perf_counter()
     outputs: list[Any] = [None] * len(plan.scorings)
     for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):

@@ -20,9 +20,10 @@ from vllm.logger import init_logger
 
 from vllm_pcd import internals
 from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
+from vllm_pcd.core.conditioning import Answered, read_values
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import Plan, build_plan
-from vllm_pcd.core.result import PCDResult, finish
+from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
 from vllm_pcd.engine import run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
@@ -97,8 +98,9 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
     spec = parse_schema(schema, limits)
     route = configured_route(llm.llm_engine.vllm_config)
 
-    def plan_of(messages: list[dict[str, Any]]) -> Plan:
-        return build_plan(llm.get_tokenizer(), spec, messages, options, limits, template_kwargs)
+    def plan_of(messages: list[dict[str, Any]], so_far: Answered = Answered()) -> Plan:
+        return build_plan(llm.get_tokenizer(), spec, messages, options, limits, template_kwargs,
+                          answered=so_far)
 
     results = []
     todo = list(documents) if many else [documents]
@@ -119,10 +121,27 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                                  cache_salt=cache_salt)
         ran = dict(zip(missing, executions[len(plans):]))
         resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
-        results += [finish(spec, plan, execution, plan_s, options.normalization, route,
-                           resolved.get(empty))
-                    for plan, execution, empty in zip(plans, executions, empties)]
+        calls = [[Round.scored(p, ex, options.normalization)]
+                 for p, ex in zip(plans, executions)]
+        while todo_now := [(k, call) for k, call in enumerate(calls) if call[-1].plan.leaves]:
+            docs = todo[at:at + len(plans)]  # a conditioned round of every document at once
+            later = [plan_of(as_messages(docs[k]), answered(call)) for k, call in todo_now]
+            for (_, call), plan, execution in zip(todo_now, later, run_offline(
+                    llm, later, branches_per_batch=limits.max_branches_per_batch,
+                    cache_salt=cache_salt)):
+                call.append(Round.scored(plan, execution, options.normalization))
+        results += [finish(spec, call, plan_s, route, resolved.get(empty),
+                           read_values(spec, options.joint, answered(call).values))
+                    for call, empty in zip(calls, empties)]
     return results if many else results[0]
+
+
+def answered(rounds: Sequence[Round]) -> Answered:
+    """What a call's rounds so far settled."""
+    out = Answered()
+    for round_ in rounds:
+        out = out.then(round_.plan, round_.fields)
+    return out
 
 
 @dataclass(frozen=True)
@@ -150,12 +169,13 @@ class Call:
 async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[str, Any]],
                         options: Options, call: Call = Call()) -> PCDResult:
     """On a prior's cache miss its engine requests run beside the document's, in the same
-    engine steps."""
+    engine steps. Conditioned fields take later rounds, one after another."""
     limits = online.limits
 
-    def plan_of(conversation: list[dict[str, Any]]) -> Any:
-        return PLANNER.plan(limits.max_queued_plans, build_plan, online.tokenizer, spec,
-                            conversation, options, limits, call.template_kwargs,
+    def plan_of(conversation: list[dict[str, Any]], so_far: Answered = Answered()) -> Any:
+        return PLANNER.plan(limits.max_queued_plans,
+                            functools.partial(build_plan, answered=so_far), online.tokenizer,
+                            spec, conversation, options, limits, call.template_kwargs,
                             call.chat_template)
 
     def execute(plan: Plan, rid: str | None) -> Any:
@@ -181,5 +201,12 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
             prior = pending.resolve()
     if execution is None:
         execution = await execute(plan, call.request_id)
-    return finish(spec, plan, execution, plan_s, options.normalization,
-                  online.projection_route, prior)
+    rounds = [Round.scored(plan, execution, options.normalization)]
+    while rounds[-1].plan.leaves:
+        start = time.perf_counter()
+        plan = await plan_of(messages, answered(rounds))
+        plan_s += time.perf_counter() - start
+        rid = call.request_id and f"{call.request_id}-r{len(rounds)}"
+        rounds.append(Round.scored(plan, await execute(plan, rid), options.normalization))
+    return finish(spec, rounds, plan_s, online.projection_route, prior,
+                  read_values(spec, options.joint, answered(rounds).values))

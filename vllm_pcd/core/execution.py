@@ -25,19 +25,23 @@ class RequestReport:
 
 @dataclass(frozen=True)
 class Execution:
-    prefill: RequestReport
+    prefill: RequestReport | None  # None: a conditioned round that runs no context request
     branches: tuple[RequestReport, ...]  # one per `Plan.scorings` entry, in order
     prefill_s: float
     branches_s: float
 
     @property
+    def requests(self) -> tuple[RequestReport, ...]:
+        return (*((self.prefill,) if self.prefill is not None else ()), *self.branches)
+
+    @property
     def tokens_computed(self) -> int:
-        return self.prefill.computed_tokens + sum(b.computed_tokens for b in self.branches)
+        return sum(r.computed_tokens for r in self.requests)
 
     @property
     def backbone_calls(self) -> int | None:
         """Distinct engine steps our requests ran in; None when the engine keeps no stats."""
-        stamps = [r.step_ts for r in (self.prefill, *self.branches)]
+        stamps = [r.step_ts for r in self.requests]
         if any(s is None for s in stamps):
             return None
         return len(set(stamps))

@@ -16,7 +16,7 @@ from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
 # The request's `chat_template_kwargs` key of each client-settable option.
 KEYS = {"mode": "pcd_mode", "normalization": "pcd_normalization",
         "formulation": "pcd_formulation", "layout": "pcd_layout",
-        "calibration": "pcd_calibration"}
+        "calibration": "pcd_calibration", "joint": "pcd_joint"}
 _CHOICES = {"mode": MODES, "normalization": tuple(NORMALIZATIONS),
             "formulation": tuple(FORMULATIONS), "layout": LAYOUTS, "calibration": CALIBRATIONS}
 
@@ -25,7 +25,8 @@ _CHOICES = {"mode": MODES, "normalization": tuple(NORMALIZATIONS),
 class Options:
     """`mode` is the default for fields without their own `x-pcd-mode`; `normalization`
     applies to sequence-mode values; `calibration="content_free"` divides out the schema's
-    content-free prior. `full_vocabulary` keeps the stock LM head for every scoring, so each
+    content-free prior. `joint` answers the fields in schema order, each reading the values
+    chosen before it (`core.conditioning`). `full_vocabulary` keeps the stock LM head for every scoring, so each
     field also reports its options' mass over the whole vocabulary (the decision routes ask
     for it; a client of the chat route cannot)."""
 
@@ -34,6 +35,7 @@ class Options:
     formulation: str = DEFAULT_FORMULATION
     layout: str = DEFAULT_LAYOUT
     calibration: str = "none"
+    joint: bool = False
     full_vocabulary: bool = False
 
     def __post_init__(self) -> None:
@@ -42,10 +44,12 @@ class Options:
             if not isinstance(value, str) or value not in choices:
                 raise SchemaError(f"{KEYS[name]} must be one of {list(choices)}, got "
                                   f"{shown(value)}", param=KEYS[name], rule=name)
-        if not isinstance(self.full_vocabulary, bool):
-            raise SchemaError(f"full_vocabulary must be a boolean, got "
-                              f"{shown(self.full_vocabulary)}", param="full_vocabulary",
-                              rule="full_vocabulary")
+        for name in ("joint", "full_vocabulary"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                key = KEYS.get(name, name)
+                raise SchemaError(f"{key} must be a boolean, got {shown(value)}", param=key,
+                                  rule=name)
 
     @classmethod
     def from_template_kwargs(cls, kwargs: dict[str, Any]) -> Options:

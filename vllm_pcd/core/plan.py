@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from vllm_pcd.core import scoring
 from vllm_pcd.core.assemble import FieldResult
+from vllm_pcd.core.conditioning import Answered, check, conditions, fork_reads, round_fields, written
 from vllm_pcd.core.execution import RequestReport
 from vllm_pcd.core.in_context import InContext
 from vllm_pcd.core.options import Options
@@ -76,6 +77,14 @@ class Plan:
     shared_ids: tuple[int, ...]
     fields: tuple[AnyFieldPlan, ...]
     scorings: tuple[Scoring, ...]  # every engine request after the shared context, in order
+    # Conditioned calls (`conditioning`): per request (the shared context's, then each
+    # scoring's) the earlier prompt lengths it forks from, and whether a later round will
+    # fork from this round's prompts.
+    reads: tuple[tuple[int, ...], ...] = ()
+    leaves: bool = False
+    # Whether one request computes the shared context before the branches. A later round
+    # with one request computes its part of it itself, in its own step.
+    context: bool = True
 
     def branch_ids(self, index: int) -> list[int]:
         """The whole prompt of token-mode field `index`'s branch."""
@@ -85,6 +94,10 @@ class Plan:
                             "trie node, see scorings")
         return [*self.shared_ids, *fp.suffix_ids]
 
+    def prompts(self) -> tuple[tuple[int, ...], ...]:
+        """Every request's prompt: the shared context's, then each scoring's."""
+        return (self.shared_ids, *(self.shared_ids + s.suffix_ids for s in self.scorings))
+
     @property
     def branch_tokens(self) -> int:
         """Distinct token positions the branches add to the shared context: the least any
@@ -92,6 +105,19 @@ class Plan:
         positions = {(s.field_index, s.suffix_ids[:j + 1])
                      for s in self.scorings for j in range(len(s.suffix_ids))}
         return len(positions)
+
+    @property
+    def ideal_tokens(self) -> int:
+        """The least any execution of this plan must compute: the shared context and the
+        branch positions, less what the earlier rounds it forks from computed (`reads`)."""
+        shared = len(self.shared_ids)
+        covered = [max(r, default=0) for r in self.reads] or [0] * (1 + len(self.scorings))
+        if not self.context:  # one request: its whole prompt, less what it forks
+            return sum(len(p) - cover for p, cover in zip(self.prompts()[1:], covered[1:]))
+        positions = {(s.field_index, s.suffix_ids[:j + 1])
+                     for s, cover in zip(self.scorings, covered[1:])
+                     for j in range(len(s.suffix_ids)) if shared + j + 1 > cover}
+        return max(0, shared - covered[0]) + len(positions)
 
 
 def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[Scoring, ...]:
@@ -145,10 +171,11 @@ def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...
                       param=f"pcd_schema.properties.{field.name}", rule="codes")
 
 
-def _value_end(field: FieldSpec, formulation: str, fields: int) -> str | None:
+def _value_end(field: FieldSpec, formulation: str, fields: int, before: int) -> str | None:
+    """`before`: the keys the branch writes ahead of this one (the values it reads)."""
     end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
-    if end == NEXT_IN_OBJECT:  # every branch is posed as the object's first key
-        return "," if fields > 1 else "}"
+    if end == NEXT_IN_OBJECT:  # the object closes after its last key
+        return "," if fields > before + 1 else "}"
     return end
 
 
@@ -170,12 +197,16 @@ class _FieldText:
 
 
 def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
-                fields: int) -> _FieldText:
+                fields: int, read: Sequence[tuple[FieldSpec, Any]] = ()) -> _FieldText:
+    """`read`: the fields (and chosen values) the branch writes before this one's key."""
     stem = branch_text(field, formulation)
     if mode == "token" and formulation == "codes":
         return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
-    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, fields)
-    return _FieldText(field, mode, stem, terminator, None, FORMULATIONS[formulation].space)
+    space = FORMULATIONS[formulation].space
+    if read:  # json stems: `{"name":` becomes `{"a": true, "name":`
+        stem = "{" + written(read, space) + stem[1:]
+    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, fields, len(read))
+    return _FieldText(field, mode, stem, terminator, None, space)
 
 
 def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyFieldPlan:
@@ -212,12 +243,15 @@ def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyField
 def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str, Any]],
                options: Options = Options(), limits: Limits = Limits(),
                template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
-               cancelled: Callable[[], bool] = lambda: False) -> Plan:
+               cancelled: Callable[[], bool] = lambda: False,
+               answered: Answered = Answered()) -> Plan:
     """`options.mode` is the request's default; a field's own `x-pcd-mode` wins. The size
     bounds are checked before the work they bound: characters before rendering, the
-    context's tokens before any continuation is tokenized. `cancelled` stops planning early."""
+    context's tokens before any continuation is tokenized. `cancelled` stops planning early.
+    Where fields are conditioned, the plan covers the round after `answered`."""
     check_conversation(messages, limits)
     formulation, layout = options.formulation, options.layout
+    check(schema, options)
     texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation, len(schema.fields))
              for f in schema.fields]
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
@@ -228,6 +262,12 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
         raise SchemaError(f"the prompt takes {len(context)} tokens with the rendered schema, "
                           f"before any answer; the limit is {limits.max_prompt_tokens}",
                           param="messages", rule="max_prompt_tokens")
+    needs = conditions(schema, options.joint)
+    now = round_fields(schema, options.joint, answered)
+    texts = [_field_text(tokenizer, schema.fields[i], schema.fields[i].mode or options.mode,
+                         formulation, len(schema.fields),
+                         [(schema.fields[j], answered.values[schema.fields[j].name])
+                          for j in needs[i]]) if needs[i] else texts[i] for i in now]
     encode = InContext(tokenizer, rendered, [t.continuations() for t in texts], context,
                        cancelled)
     fields = tuple(_field_plan(encode, t, limits) for t in texts)
@@ -242,4 +282,18 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
         raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "
                           f"is {limits.max_prompt_tokens}", param="messages",
                           rule="max_prompt_tokens")
-    return plan
+    if len(now) + len(answered.values) == len(schema.fields) and not answered.prompts:
+        return plan  # one round: nothing to fork from earlier rounds, nothing left for later
+    return _conditioned(plan, answered, len(now) + len(answered.values) < len(schema.fields))
+
+
+def _conditioned(plan: Plan, answered: Answered, more: bool) -> Plan:
+    """A round's plan with the earlier prompts each request forks from, and whether later
+    rounds fork from its own."""
+    shared = plan.shared_ids
+    context = not answered.prompts or len(plan.scorings) > 1
+    floor = len(shared) if context else 0  # without a context request, a branch forks it all
+    reads = (fork_reads(shared, answered.prompts, 0) if context else (),
+             *(fork_reads(shared + s.suffix_ids, answered.prompts, floor)
+               for s in plan.scorings))
+    return replace(plan, reads=reads, leaves=more, context=context)

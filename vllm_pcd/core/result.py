@@ -7,7 +7,7 @@ calibrated when a prior is given, assembled into the object.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from vllm_pcd.core.assemble import FieldResult, assemble, to_json
 from vllm_pcd.core.calibration import Prior
@@ -18,14 +18,37 @@ from vllm_pcd.core.scoring import calibrate, field_results
 
 
 @dataclass(frozen=True)
-class PCDResult:
-    object: dict[str, Any]
-    fields: tuple[FieldResult, ...]
+class Round:
+    """One round of a call (a conditioned call has several): its plan, what the engine
+    reported, and its fields' results."""
+
     plan: Plan
     execution: Execution
+    fields: tuple[FieldResult, ...]
+
+    @classmethod
+    def scored(cls, plan: Plan, execution: Execution, normalization: str) -> Round:
+        return cls(plan, execution, field_results(plan, execution.branches, normalization))
+
+
+@dataclass(frozen=True)
+class PCDResult:
+    object: dict[str, Any]
+    fields: tuple[FieldResult, ...]  # in schema order
+    rounds: tuple[Round, ...]
     plan_s: float
     projection_route: str | None = None  # the restricted LM head's route, when it is on
     calibration: dict[str, Any] | None = None  # how the scores were calibrated, if they were
+    conditioned: dict[str, dict[str, Any]] | None = None  # field → the values it read
+
+    @property
+    def plan(self) -> Plan:
+        """The first round's plan: the whole call's, unless fields are conditioned."""
+        return self.rounds[0].plan
+
+    @property
+    def execution(self) -> Execution:
+        return self.rounds[0].execution
 
     @property
     def content(self) -> str:
@@ -36,8 +59,9 @@ class PCDResult:
         (`engine.probe_id`): how many engine requests it projected onto their allowed ids
         and, when any, the route it serves them with; `fallbacks` counts the requests that
         asked for the restricted head and got the full one."""
-        measured = sum(b.restricted for b in self.execution.branches)
-        asked = sum(b.asked_restricted for b in self.execution.branches)
+        branches = [b for r in self.rounds for b in r.execution.branches]
+        measured = sum(b.restricted for b in branches)
+        asked = sum(b.asked_restricted for b in branches)
         return {"route": self.projection_route if measured else None,
                 "restricted_requests": measured, "fallbacks": asked - measured}
 
@@ -53,41 +77,51 @@ class PCDResult:
         return diagnostics
 
     def _diagnostics(self) -> dict[str, Any]:
-        ex = self.execution
+        executions = [r.execution for r in self.rounds]
+        calls = [ex.backbone_calls for ex in executions]
         shared = len(self.plan.shared_ids)
+        ideal = sum(r.plan.ideal_tokens for r in self.rounds)
         modes = {r.extra["mode"] for r in self.fields}
+        prefill_s = sum(ex.prefill_s for ex in executions)
+        branches_s = sum(ex.branches_s for ex in executions)
+        fields = {r.field.name: r.diagnostics() for r in self.fields}
+        for name, read in (self.conditioned or {}).items():
+            fields[name]["conditioned_on"] = read
         return {
             "mode": modes.pop() if len(modes) == 1 else "mixed",
             "calibrated": self.calibration is not None,
             "calibration": self.calibration,
-            "backbone_calls": ex.backbone_calls,
+            "backbone_calls": None if None in calls else sum(calls),
+            **({"rounds": [[f.field.name for f in r.fields] for r in self.rounds]}
+               if len(self.rounds) > 1 else {}),
             "tokens": {
                 "shared": shared,
-                "branch": self.plan.branch_tokens,
-                "ideal": shared + self.plan.branch_tokens,
-                "computed": ex.tokens_computed,
+                "branch": ideal - shared,
+                "ideal": ideal,
+                "computed": sum(ex.tokens_computed for ex in executions),
                 # shared-context tokens earlier requests had computed (the prefix cache)
-                "context_cached": ex.prefill.cached_tokens,
+                "context_cached": self.execution.prefill.cached_tokens,
             },
             "timings": {
                 "plan_s": self.plan_s,
-                "prefill_s": ex.prefill_s,
-                "branches_s": ex.branches_s,
-                "total_s": self.plan_s + ex.prefill_s + ex.branches_s,
+                "prefill_s": prefill_s,
+                "branches_s": branches_s,
+                "total_s": self.plan_s + prefill_s + branches_s,
             },
             "projection": self.projection(),
-            "fields": {r.field.name: r.diagnostics() for r in self.fields},
+            "fields": fields,
         }
 
 
-def finish(schema: SchemaSpec, plan: Plan, execution: Execution, plan_s: float,
-           normalization: str = "sum", projection_route: str | None = None,
-           prior: Prior | None = None) -> PCDResult:
-    results = field_results(plan, execution.branches, normalization)
+def finish(schema: SchemaSpec, rounds: Sequence[Round], plan_s: float,
+           projection_route: str | None = None, prior: Prior | None = None,
+           conditioned: dict[str, dict[str, Any]] | None = None) -> PCDResult:
+    by_name = {r.field.name: r for round_ in rounds for r in round_.fields}
+    results = tuple(by_name[f.name] for f in schema.fields)
     calibration = None
     if prior is not None:
         results = calibrate(results, prior.fields)
         calibration = {"method": "content_free", "prior_cached": prior.cached,
                        "prior_tokens_computed": prior.tokens_computed}
-    return PCDResult(assemble(schema, results), results, plan, execution, plan_s,
-                     projection_route, calibration)
+    return PCDResult(assemble(schema, results), results, tuple(rounds), plan_s,
+                     projection_route, calibration, conditioned or None)

@@ -18,7 +18,7 @@ MODES: tuple[str, ...] = ("token", "sequence")
 # Keywords that only annotate; they never change which values are valid.
 _ANNOTATIONS = {"title", "description", "$comment", "examples", "default"}
 _OBJECT_KEYS = {"type", "properties", "required", "additionalProperties", "$schema"} | _ANNOTATIONS
-_FIELD_KEYS = {"type", "enum", "x-pcd-mode"} | _ANNOTATIONS
+_FIELD_KEYS = {"type", "enum", "x-pcd-mode", "x-pcd-after"} | _ANNOTATIONS
 _MAX_NAME_CHARS = 64
 _MAX_VALUE_CHARS = 256
 _MAX_DESCRIPTION_CHARS = 1000
@@ -69,6 +69,7 @@ class FieldSpec:
     options: tuple[Any, ...]
     description: str | None = None
     mode: FieldMode | None = None  # None: the request's default mode
+    after: tuple[str, ...] = ()  # `x-pcd-after`: fields answered first, whose values it reads
 
 
 @dataclass(frozen=True)
@@ -128,11 +129,12 @@ def _parse_field(name: str, raw: Any) -> FieldSpec:
     mode = raw.get("x-pcd-mode")
     if "x-pcd-mode" in raw and mode not in MODES:
         raise _fail(path + ".x-pcd-mode", "mode", f"must be one of {list(MODES)}, got {shown(mode)}")
+    after = _after(path, raw)
     kind = raw.get("type")
     if kind == "boolean":
         if "enum" in raw:
             raise _fail(path, "field_type", "a boolean field takes no enum")
-        return FieldSpec(name, "boolean", (True, False), description, mode)
+        return FieldSpec(name, "boolean", (True, False), description, mode, after)
     if kind not in ("string", None) or "enum" not in raw:
         raise _fail(path, "field_type",
                     f"type {shown(kind)} is not supported; use \"boolean\" or a string \"enum\"")
@@ -146,7 +148,41 @@ def _parse_field(name: str, raw: Any) -> FieldSpec:
         if option in seen:
             raise _fail(f"{path}.enum[{i}]", "enum", f"duplicate enum value {shown(option)}")
         seen.add(option)
-    return FieldSpec(name, "enum", tuple(options), description, mode)
+    return FieldSpec(name, "enum", tuple(options), description, mode, after)
+
+
+def _after(path: str, raw: dict[str, Any]) -> tuple[str, ...]:
+    after = raw.get("x-pcd-after", [])
+    if not isinstance(after, list) or not all(isinstance(n, str) for n in after) \
+            or len(set(after)) != len(after):
+        raise _fail(path + ".x-pcd-after", "after", "must be a list of distinct property names")
+    return tuple(after)
+
+
+def _check_dependencies(fields: tuple[FieldSpec, ...]) -> None:
+    """`x-pcd-after` names other properties of the schema, and never leads back to itself."""
+    names = {f.name for f in fields}
+    after = {f.name: f.after for f in fields}
+    for f in fields:
+        path = f"pcd_schema.properties.{shown(f.name)}.x-pcd-after"
+        for other in f.after:
+            if other not in names or other == f.name:
+                raise _fail(path, "after", f"{shown(other)} is not another property")
+    state: dict[str, int] = {}
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        for other in after[name]:
+            if state.get(other) == 1:
+                raise _fail(f"pcd_schema.properties.{shown(name)}.x-pcd-after", "after",
+                            f"{shown(other)} is answered after {shown(name)} already (a cycle)")
+            if other not in state:
+                visit(other)
+        state[name] = 2
+
+    for f in fields:
+        if f.name not in state:
+            visit(f.name)
 
 
 def _check_json_schema(raw: dict[str, Any]) -> None:
@@ -204,6 +240,7 @@ def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
         fields.append(_parse_field(name, field))
     _check_json_schema(raw)
     spec = SchemaSpec(tuple(fields))
+    _check_dependencies(spec.fields)
     if spec.total_candidates > limits.max_candidates:
         raise SchemaError(f"pcd_schema has {spec.total_candidates} candidate values in all; "
                           f"the limit is {limits.max_candidates}",

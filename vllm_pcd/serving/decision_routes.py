@@ -64,7 +64,7 @@ class Decided:
 
 async def _decide(raw_request: Request, model: str | None,
                   parse: Callable[[], tuple[list[Question], list[dict[str, Any]]]],
-                  template_kwargs: dict[str, Any] | None, cache_salt: Any
+                  template_kwargs: dict[str, Any] | None, cache_salt: Any, joint: bool = False
                   ) -> Decided | JSONResponse:
     """A decision request through PCD: its questions (`parse`) as one schema, then one read
     per question; or the error response that names what is wrong. Its engine requests get
@@ -80,7 +80,8 @@ async def _decide(raw_request: Request, model: str | None,
     try:
         questions, messages = parse()
         check_cache_salt(cache_salt)
-        options = replace(Options.from_template_kwargs(kwargs), full_vocabulary=True)
+        options = Options.from_template_kwargs(kwargs)  # `joint`: the request's own flag too
+        options = replace(options, full_vocabulary=True, joint=options.joint or joint)
         if "pcd_schema" in kwargs:
             raise SchemaError("chat_template_kwargs.pcd_schema: a decision request's schema is "
                               "its questions", param="chat_template_kwargs.pcd_schema")
@@ -140,7 +141,7 @@ async def _stock_answer(stock: Endpoint | None, raw_request: Request) -> Any:
 @with_cancellation
 async def create_decisions(request: DecisionsRequest, raw_request: Request):
     done = await _decide(raw_request, request.model, lambda: decisions_request(request), None,
-                         request.cache_salt)
+                         request.cache_salt, request.joint)
     if isinstance(done, JSONResponse):
         return done
     tokens = done.result.diagnostics(done.service.reveals_cache)["tokens"]

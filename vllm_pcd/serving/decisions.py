@@ -243,9 +243,6 @@ def systemone_response(base_id: str, model: str, questions: Sequence[Question],
 
 
 def decisions_request(request: DecisionsRequest) -> tuple[list[Question], Conversation]:
-    if request.joint:
-        raise SchemaError("joint: PCD reads every question on its own branch of one shared "
-                          "context; joint reads are not available", param="joint", rule="joint")
     keys: set[str] = set()
     questions = []
     for i, q in enumerate(request.questions):
