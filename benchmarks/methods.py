@@ -115,9 +115,10 @@ def _error_text(err: openai.APIStatusError) -> str:
 
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
-              formulation: str = DEFAULT_FORMULATION, calibration: str = "none") -> Outcome:
+              formulation: str = DEFAULT_FORMULATION, calibration: str = "none",
+              joint: bool = False) -> Outcome:
     options = {"pcd_schema": task.schema, "pcd_mode": mode, "pcd_formulation": formulation,
-               "pcd_layout": task.layout, "pcd_calibration": calibration}
+               "pcd_layout": task.layout, "pcd_calibration": calibration, "pcd_joint": joint}
     try:
         resp = await client.api.chat.completions.create(
             model=client.model, messages=task.messages, temperature=0,
@@ -162,6 +163,11 @@ async def pcd_token_cf(client: Client, task: Task, salt: str) -> Outcome:
 async def pcd_token_json(client: Client, task: Task, salt: str) -> Outcome:
     """Token mode, enum values up to their unique prefix, booleans whole plus a newline."""
     return await pcd(client, task, salt, formulation="json")
+
+
+async def pcd_token_joint(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode with every field reading the values chosen before it (`pcd_joint`)."""
+    return await pcd(client, task, salt, joint=True)
 
 
 def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
@@ -317,6 +323,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_json": pcd_token_json,
     "pcd_token_json_tight": pcd_token_json_tight,
     "pcd_token_cf": pcd_token_cf,
+    "pcd_token_joint": pcd_token_joint,
     "ar_json": ar_json,
     "per_field": per_field,
     "pcd_systemone": pcd_systemone,
@@ -325,8 +332,8 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "floor": floor,
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
-             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "ar_json", "per_field",
-             "pcd_systemone", "vllm_systemone", "vllm_letters")
+             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "pcd_token_joint",
+             "ar_json", "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
 
 
 async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:

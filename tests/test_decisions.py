@@ -181,8 +181,6 @@ def test_decisions_pcd_refusals_name_the_question():
                                          "levels": [{"label": "a"}, {"label": "a"}]}]}
     with pytest.raises(SchemaError, match="distinct level labels"):
         decisions_request(DecisionsRequest.model_validate(twice))
-    with pytest.raises(SchemaError, match="joint reads are not available"):
-        decisions_request(DecisionsRequest.model_validate({**DECISIONS, "joint": True}))
 
 
 def test_label_mass_is_reported_only_where_the_full_head_scored():

@@ -130,8 +130,23 @@ def test_bad_systemone_requests_get_a_4xx_naming_the_problem(http, change, statu
     assert words in error["message"] and error["code"] == status
 
 
+def test_joint_decisions_read_the_answers_before_them(http):
+    """`joint: true` answers the questions in order, each reading those before it: the
+    same response shape, at one engine step per question after the context."""
+    body = {**DECISIONS, "model": http.get("/v1/models").json()["data"][0]["id"]}
+    joint = http.post("/v1/decisions", json={**body, "joint": True})
+    assert joint.status_code == 200, joint.text
+    alone = http.post("/v1/decisions", json=body).json()
+    got = joint.json()
+    assert list(got) == ["model", "answers", "usage"]
+    assert [(a["type"], a["name"]) for a in got["answers"]] == \
+        [(a["type"], a["name"]) for a in alone["answers"]]
+    # the later questions read the answers before them: more tokens than the parallel read
+    assert got["usage"]["input_tokens"] > alone["usage"]["input_tokens"]
+
+
 def test_bad_decisions_requests_get_a_400(http):
-    for change in ({"questions": []}, {"surprise": True}, {"joint": True},
+    for change in ({"questions": []}, {"surprise": True}, {"joint": "yes"},
                    {"questions": [{"type": "choice", "instructions": "x",
                                    "choices": [{"value": "a"}, {"value": True}]}]}):
         response = http.post("/v1/decisions", json={**DECISIONS, "model": "", **change})
