@@ -16,7 +16,8 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   default_tests="tests/test_architecture.py tests/test_conditioned.py tests/test_server_e2e.py
     tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py tests/test_channel.py
     tests/test_reliability.py tests/test_faults.py tests/test_decisions.py
-    tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py tests/test_neighbours.py tests/test_planning_bounds.py"
+    tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py
+    tests/test_neighbours.py tests/test_planning_bounds.py"
 else
   venv=${PCD_VENV:-$repo/.venv}
   default_tests=tests
