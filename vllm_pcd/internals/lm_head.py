@@ -187,8 +187,10 @@ def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
                       bias: torch.Tensor | None, rows: list[int], ids: list[list[int]],
                       stock: Any, scheme: str | None = None) -> torch.Tensor | None:
     """[num_rows, vocab] float32 logits: `rows` projected onto their ids (-inf elsewhere) by
-    the route for `scheme`, the others by `stock(hidden_subset)` (None where the stock head
-    gives this tensor-parallel rank none). The allowed logits are rounded to the dtype the
+    the route for `scheme`, the others by the stock head over the whole batch, `stock(hidden)`
+    (None where it gives this tensor-parallel rank none): a GEMM's rounding depends on its
+    shape, so only the same batch keeps a neighbour's logits bit for bit what they are
+    without PCD. The allowed logits are rounded to the dtype the
     stock head returns (the model's, or `head_dtype`) before the soft cap and scale, so the
     restricted and unrestricted fields of one request share the stock head's arithmetic."""
     device = hidden.device
@@ -205,15 +207,15 @@ def restricted_logits(processor: Any, lm_head: Any, hidden: torch.Tensor,
         logits = logits * processor.scale
     if not _receives_logits(processor, lm_head):
         return None
-    out = torch.full((hidden.shape[0], processor.org_vocab_size), float("-inf"),
-                     dtype=torch.float32, device=device)
-    others = sorted(set(range(hidden.shape[0])) - set(rows))
-    if others:
-        rest = torch.tensor(others, device=device)
-        stock_rows = stock(hidden[rest])
-        if stock_rows is None:  # a tensor-parallel rank the stock head gathers nothing to
+    if len(rows) < hidden.shape[0]:  # plain rows share the step
+        whole = stock(hidden)
+        if whole is None:  # a tensor-parallel rank the stock head gathers nothing to
             return None
-        out[rest] = stock_rows.float()
+        out = whole.float()
+        out[picked] = float("-inf")
+    else:
+        out = torch.full((hidden.shape[0], processor.org_vocab_size), float("-inf"),
+                         dtype=torch.float32, device=device)
     out[picked[:, None], allowed] = logits
     STATS.route = route
     STATS.steps += 1
