@@ -55,3 +55,10 @@ def test_full_vocabulary_is_a_planning_decision(tokenizer):
     assert not any(s.restricted for s in full.scorings)
     assert [dataclasses.replace(s, restricted=False) for s in restricted.scorings] \
         == list(full.scorings)
+
+
+def test_the_offline_api_takes_the_options_whole_or_as_keywords_not_both():
+    from vllm_pcd import constrained
+
+    with pytest.raises(TypeError, match="not both"):
+        constrained(None, MESSAGE, SIX_FIELD_SCHEMA, Options(), mode="sequence")

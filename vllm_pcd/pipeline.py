@@ -93,6 +93,8 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         logger.warning_once("vllm-pcd's engine patches are off in this process (set "
                             "VLLM_PLUGINS=pcd before creating the LLM): answers are the same, "
                             "computed without the KV fork, grouped admission or restricted head")
+    if options is not None and option_values:
+        raise TypeError("give the options whole or as keywords, not both")
     options = options or Options.of(option_values)
     many = _is_many(documents)
     spec = parse_schema(schema, limits)
@@ -123,9 +125,12 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
         calls = [[Round.scored(p, ex, options.normalization)]
                  for p, ex in zip(plans, executions)]
+        docs = todo[at:at + len(plans)]
+        # A conditioned round of every document that has one, submitted together.
         while todo_now := [(k, call) for k, call in enumerate(calls) if call[-1].plan.leaves]:
-            docs = todo[at:at + len(plans)]  # a conditioned round of every document at once
+            start = time.perf_counter()
             later = [plan_of(as_messages(docs[k]), answered(call)) for k, call in todo_now]
+            plan_s += (time.perf_counter() - start) / len(plans)
             for (_, call), plan, execution in zip(todo_now, later, run_offline(
                     llm, later, branches_per_batch=limits.max_branches_per_batch,
                     cache_salt=cache_salt)):
