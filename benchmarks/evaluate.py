@@ -29,9 +29,9 @@ from benchmarks import public_data
 from benchmarks.harness import provenance, run_on_server, save_figure
 from benchmarks.methods import METHODS, Client, Outcome, load_tokenizer, make_task, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
-                                expected_calibration_error,
                                 field_accuracy, first_option_share, median, p90,
-                                paired_bootstrap, reliability, true_share, valid_rate)
+                                paired_bootstrap, true_share, valid_rate)
+from vllm_pcd.core.fitting import expected_calibration_error, reliability
 from vllm_pcd.core.prompt import DEFAULT_LAYOUT, LAYOUTS
 
 DEFAULT_DATA = public_data.DEV

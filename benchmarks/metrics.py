@@ -181,26 +181,3 @@ def confidences(cases: Sequence[Case], scores: Sequence[dict[str, list[float]] |
             out.append((math.exp(per_field[name][best]),
                         _same(case.expected[name], options[best])))
     return out
-
-
-def reliability(points: Sequence[tuple[float, bool]], bins: int = 10
-                ) -> list[dict[str, float]]:
-    """Equal-width confidence bins: count, mean confidence and accuracy of each non-empty one."""
-    rows = []
-    for k in range(bins):
-        low, high = k / bins, (k + 1) / bins
-        inside = [(p, ok) for p, ok in points if low <= p < high or (k == bins - 1 and p == 1)]
-        if inside:
-            rows.append({"low": low, "high": high, "count": len(inside),
-                         "confidence": sum(p for p, _ in inside) / len(inside),
-                         "accuracy": sum(ok for _, ok in inside) / len(inside)})
-    return rows
-
-
-def expected_calibration_error(points: Sequence[tuple[float, bool]], bins: int = 10
-                               ) -> float | None:
-    """Count-weighted gap between confidence and accuracy over the reliability bins."""
-    if not points:
-        return None
-    return sum(r["count"] * abs(r["confidence"] - r["accuracy"])
-               for r in reliability(points, bins)) / len(points)

@@ -84,13 +84,44 @@ API_KEY = "pcd-test-key"
 SERVER_ARGS = [*BENCHMARK_SERVER_ARGS, "--max-model-len", "4096", "--api-key", API_KEY]
 
 
+# The shared server's one calibration profile (`core.profiles`): a schema no other test asks.
+PROFILED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "urgent": {"type": "boolean", "description": "Whether the customer needs help today"},
+        "channel": {"type": "string", "enum": ["email", "phone", "chat"],
+                    "description": "How the customer wants to be answered"},
+    },
+    "required": ["urgent", "channel"],
+    "additionalProperties": False,
+}
+PROFILE_TEMPERATURE = 2.0
+
+
+def write_test_profile(folder, model_path):
+    """A temperature for `channel`, and biases that always answer `urgent: false`, which is
+    flagged low-confidence below 0.5 (never) and `channel` below 1.0 (always)."""
+    from vllm_pcd.core.fitting import OptionBias, Temperature
+    from vllm_pcd.core.profiles import Profile, write_profiles
+
+    path = folder / "profile.json"
+    write_profiles(path, [Profile(str(model_path), PROFILED_SCHEMA, {}, {
+        "urgent": OptionBias(1.0, (-40.0, 40.0)), "channel": Temperature(PROFILE_TEMPERATURE)},
+        {"urgent": 0.5, "channel": 1.0}, {"ece": 0.01, "cases": 10})])
+    return path
+
+
 @pytest.fixture(scope="session")
 def pcd_server(model_path, tmp_path_factory):
     """Base URL of `VLLM_PLUGINS=pcd vllm serve` on the default model."""
+    import json
+
     from vllm_pcd.launch import serve
 
-    log = tmp_path_factory.mktemp("serve") / "vllm.log"
-    with serve(model_path, args=SERVER_ARGS, log_path=log) as url:
+    folder = tmp_path_factory.mktemp("serve")
+    profiles = {"pcd": {"calibration_profiles": [str(write_test_profile(folder, model_path))]}}
+    args = [*SERVER_ARGS, "--additional-config", json.dumps(profiles)]
+    with serve(model_path, args=args, log_path=folder / "vllm.log") as url:
         yield url
 
 

@@ -6,9 +6,10 @@ import math
 import pytest
 
 from benchmarks.metrics import (
-    Case, balanced_accuracy, confidences, exact_accuracy, expected_calibration_error,
-    field_accuracy, first_option_share, is_schema_valid, label_balanced, median, p90,
-    paired_bootstrap, percentile, reliability, true_share, valid_rate)
+    Case, balanced_accuracy, confidences, exact_accuracy, field_accuracy, first_option_share,
+    is_schema_valid, label_balanced, median, p90, paired_bootstrap, percentile, true_share,
+    valid_rate)
+from vllm_pcd.core.fitting import expected_calibration_error, reliability
 
 SCHEMA = {
     "type": "object",

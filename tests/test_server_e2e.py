@@ -7,7 +7,8 @@ import openai
 import pytest
 
 from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, KV_FORK, MESSAGE, SERVER_ARGS,
-                            SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, computed_tokens)
+                            PROFILE_TEMPERATURE, PROFILED_SCHEMA, SIX_FIELD_SCHEMA,
+                            SUPPORT_SCHEMA, computed_tokens)
 from vllm_pcd.core.options import Options
 from vllm_pcd.launch import serve
 from vllm_pcd.pipeline import as_messages
@@ -178,3 +179,22 @@ def test_content_free_calibration_is_computed_once_per_schema(client):
     assert plain.model_extra["pcd"]["calibration"] is None
     with pytest.raises(openai.BadRequestError, match="pcd_calibration"):
         pcd(client, SIX_FIELD_SCHEMA, MESSAGE, {"pcd_calibration": "platt"})
+
+
+def test_a_loaded_profile_calibrates_its_schema_only(client):
+    """The server's profile (conftest) maps its schema's scores and flags by its thresholds;
+    the same schema under other options, and every other schema, stay uncalibrated."""
+    diag = pcd(client, PROFILED_SCHEMA, MESSAGE).model_extra["pcd"]
+    assert diag["calibrated"] is True
+    assert diag["calibration"]["method"] == "option_bias"  # the first field's map
+    assert diag["calibration"]["held_out_ece"] == 0.01
+    urgent, channel = diag["fields"]["urgent"], diag["fields"]["channel"]
+    assert urgent["value"] is False and urgent["low_confidence"] is False
+    assert channel["low_confidence"] is True
+    raw = [c["uncalibrated_score"] / PROFILE_TEMPERATURE for c in channel["candidates"]]
+    total = math.log(sum(math.exp(r) for r in raw))
+    assert [c["score"] for c in channel["candidates"]] == pytest.approx(
+        [r - total for r in raw], abs=1e-9)
+    other = pcd(client, PROFILED_SCHEMA, MESSAGE, {"pcd_layout": "document_first"})
+    assert other.model_extra["pcd"]["calibrated"] is False
+    assert "low_confidence" not in other.model_extra["pcd"]["fields"]["channel"]

@@ -2,7 +2,8 @@
 
 Shared by the offline API (`constrained`, a `vllm.LLM`) and the API server (`answer_online`,
 its `EngineClient`), so both answer identically; a content-free prior takes the same path
-in both (`calibration.PriorCache.pending`).
+in both (`calibration.PriorCache.pending`), and so do fitted calibration profiles, which
+both read from `additional_config.pcd.calibration_profiles` (`profiles_of`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_mes
 from vllm_pcd.core.conditioning import Answered, read_values
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import Plan, build_plan
+from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
 from vllm_pcd.engine import run_offline, run_online
@@ -30,6 +32,46 @@ from vllm_pcd.internals.lm_head import configured_route
 
 logger = init_logger("vllm.pcd")
 PRIORS = PriorCache()
+
+
+PROFILES_KEY = "calibration_profiles"  # under additional_config.pcd
+
+
+def profiles_of(vllm_config: Any) -> ProfileBook:
+    """The calibration profiles this engine's configuration names (a path or a list of
+    paths) that were fitted on the model it serves; the others are left out, with a log
+    line. A file that cannot be read as profiles stops the start: serving uncalibrated
+    where an operator asked for calibration would go unnoticed."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    paths = (extra.get("pcd") or {}).get(PROFILES_KEY) if isinstance(extra, dict) else None
+    if not paths:
+        return ProfileBook()
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return _load_profiles(tuple(str(p) for p in paths), _model_names(vllm_config))
+
+
+def _model_names(vllm_config: Any) -> tuple[str, ...]:
+    model = vllm_config.model_config
+    served = getattr(model, "served_model_name", None) or ()
+    return (model.model, *([served] if isinstance(served, str) else served))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_profiles(paths: tuple[str, ...], names: tuple[str, ...]) -> ProfileBook:
+    kept = []
+    for path in paths:
+        try:
+            profiles = read_profiles(path)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"additional_config.pcd.{PROFILES_KEY}: {path}: {err}") from err
+        for profile in profiles:
+            if matches_model(profile, names):
+                kept.append(profile)
+            else:
+                logger.warning("vllm-pcd ignores a calibration profile in %s: fitted on %s, "
+                               "this server serves %s", path, profile.model, names[0])
+    logger.info("vllm-pcd loaded %d calibration profile(s)", len(kept))
+    return ProfileBook(kept)
 
 
 class Overloaded(Exception):
@@ -99,6 +141,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
     many = _is_many(documents)
     spec = parse_schema(schema, limits)
     route = configured_route(llm.llm_engine.vllm_config)
+    profile = profiles_of(llm.llm_engine.vllm_config).find(spec, options)
 
     def plan_of(messages: list[dict[str, Any]], so_far: Answered = Answered()) -> Plan:
         return build_plan(llm.get_tokenizer(), spec, messages, options, limits, template_kwargs,
@@ -136,7 +179,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                     cache_salt=cache_salt)):
                 call.append(Round.scored(plan, execution, options.normalization))
         results += [finish(spec, call, plan_s, route, resolved.get(empty),
-                           read_values(spec, options.joint, answered(call).values))
+                           read_values(spec, options.joint, answered(call).values), profile)
                     for call, empty in zip(calls, empties)]
     return results if many else results[0]
 
@@ -158,6 +201,7 @@ class Online:
     tokenizer: Any
     limits: Limits
     projection_route: str | None = None
+    profiles: ProfileBook = ProfileBook()
 
 
 @dataclass(frozen=True)
@@ -214,4 +258,5 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
         rid = call.request_id and f"{call.request_id}-r{len(rounds)}"
         rounds.append(Round.scored(plan, await execute(plan, rid), options.normalization))
     return finish(spec, rounds, plan_s, online.projection_route, prior,
-                  read_values(spec, options.joint, answered(rounds).values))
+                  read_values(spec, options.joint, answered(rounds).values),
+                  online.profiles.find(spec, options))

@@ -1,7 +1,8 @@
 """A PCD call's answer: the typed object, each field's result, and what it cost.
 
 `finish` turns a plan and the engine's reports into it: every field scored (`scoring`),
-calibrated when a prior is given, assembled into the object.
+calibrated against a content-free prior or by a fitted profile when one is given, assembled
+into the object.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from vllm_pcd.core.assemble import FieldResult, assemble, to_json
 from vllm_pcd.core.calibration import Prior
 from vllm_pcd.core.execution import Execution
 from vllm_pcd.core.plan import Plan
+from vllm_pcd.core.profiles import Profile
 from vllm_pcd.core.schema import SchemaSpec
 from vllm_pcd.core.scoring import calibrate, field_results
 
@@ -115,7 +117,8 @@ class PCDResult:
 
 def finish(schema: SchemaSpec, rounds: Sequence[Round], plan_s: float,
            projection_route: str | None = None, prior: Prior | None = None,
-           conditioned: dict[str, dict[str, Any]] | None = None) -> PCDResult:
+           conditioned: dict[str, dict[str, Any]] | None = None,
+           profile: Profile | None = None) -> PCDResult:
     by_name = {r.field.name: r for round_ in rounds for r in round_.fields}
     results = tuple(by_name[f.name] for f in schema.fields)
     calibration = None
@@ -123,5 +126,8 @@ def finish(schema: SchemaSpec, rounds: Sequence[Round], plan_s: float,
         results = calibrate(results, prior.fields)
         calibration = {"method": "content_free", "prior_cached": prior.cached,
                        "prior_tokens_computed": prior.tokens_computed}
+    elif profile is not None:
+        results = profile.apply(results)
+        calibration = profile.diagnostics()
     return PCDResult(assemble(schema, results), results, tuple(rounds), plan_s,
                      projection_route, calibration, conditioned or None)

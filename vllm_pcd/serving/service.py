@@ -22,7 +22,7 @@ from vllm_pcd.core.prompt import check_conversation
 from vllm_pcd.core.result import PCDResult
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, shown
 from vllm_pcd.internals.lm_head import configured_route
-from vllm_pcd.pipeline import Call, Online, Overloaded, answer_online
+from vllm_pcd.pipeline import Call, Online, Overloaded, answer_online, profiles_of
 from vllm_pcd.serving import metrics
 from vllm_pcd.serving.errors import ErrorAnswer, client_fault, fault_message
 
@@ -81,6 +81,7 @@ class PCDService:
         self.limits = limits
         self.tokenizer = _private_tokenizer(engine)
         self.projection_route = configured_route(state.vllm_config)
+        self.profiles = profiles_of(state.vllm_config)
         self.unavailable = off_reason(state.vllm_config)
         parallel = state.vllm_config.parallel_config
         self.engines = (parallel.data_parallel_size_local if parallel.local_engines_only
@@ -141,7 +142,8 @@ class PCDService:
         return self.model_error(model)
 
     def online(self) -> Online:
-        return Online(self.engine, self.tokenizer, self.limits, self.projection_route)
+        return Online(self.engine, self.tokenizer, self.limits, self.projection_route,
+                      self.profiles)
 
     async def run(self, messages: list[dict[str, Any]], spec: SchemaSpec, options: Options,
                   template_kwargs: dict[str, Any], *, chat_template: str | None,

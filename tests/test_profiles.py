@@ -1,0 +1,179 @@
+"""Fitted calibration: the maps recover what was put into synthetic scores, profiles match only
+their own schema and options, and the held-out half is never the fitted one."""
+
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import (MESSAGE, PROFILE_TEMPERATURE, PROFILED_SCHEMA, SUPPORT_SCHEMA,
+                            write_test_profile)
+from vllm_pcd.core.fitting import (Identity, OptionBias, Temperature, answer_points, choose,
+                                   expected_calibration_error)
+from vllm_pcd.core.options import Options
+from vllm_pcd.core.profiles import (MIN_CASES, Profile, ProfileBook, fit_profile, matches_model,
+                                    read_profiles, write_profiles)
+from vllm_pcd.core.schema import parse_schema
+from vllm_pcd.core.scoring import field_result
+
+
+def drawn(count, options, *, scale=1.0, shift=(), seed=0):
+    """Rows whose gold is drawn from softmax(logits): the scores given are the logits times
+    `scale` plus `shift`, the miscalibration a fitted map has to undo."""
+    rng = random.Random(seed)
+    shift = shift or [0.0] * options
+    rows = []
+    for _ in range(count):
+        logits = [rng.gauss(0, 1.5) for _ in range(options)]
+        top = max(logits)
+        weights = [math.exp(v - top) for v in logits]
+        gold = rng.choices(range(options), weights)[0]
+        given = [v * scale + s for v, s in zip(logits, shift)]
+        norm = max(given) + math.log(sum(math.exp(g - max(given)) for g in given))
+        rows.append(([g - norm for g in given], gold))
+    return rows
+
+
+def test_a_temperature_undoes_overconfidence_and_keeps_every_answer():
+    rows = drawn(600, 3, scale=3.0)
+    fitted = Temperature.fit(rows)
+    assert fitted.temperature == pytest.approx(3.0, rel=0.2)
+    held_out = drawn(600, 3, scale=3.0, seed=1)
+    before = answer_points(Identity(), held_out)
+    after = answer_points(fitted, held_out)
+    assert [ok for _, ok in after] == [ok for _, ok in before]
+    assert expected_calibration_error(after) < expected_calibration_error(before) / 2
+
+
+def test_option_biases_take_out_a_label_prior():
+    rows = drawn(800, 2, shift=(2.0, 0.0))  # every answer tilted towards the first option
+    fitted = OptionBias.fit(rows)
+    assert fitted.bias[0] - fitted.bias[1] == pytest.approx(-2.0, abs=0.5)
+    assert fitted.temperature == pytest.approx(1.0, rel=0.25)
+    held_out = drawn(800, 2, shift=(2.0, 0.0), seed=1)
+    hits = lambda c: sum(ok for _, ok in answer_points(c, held_out))  # noqa: E731
+    assert hits(fitted) > hits(Identity()) + 40
+    assert choose([rows], seed=0).method == "option_bias"
+
+
+def test_a_single_label_cannot_drive_a_bias_to_infinity():
+    fitted = OptionBias.fit([([-0.1, -2.4], 0)] * 50)
+    assert all(abs(b) < 100 for b in fitted.bias) and math.isfinite(fitted.temperature)
+
+
+def profile(schema=SUPPORT_SCHEMA, **changes):
+    base = Profile("SmolLM2-135M-Instruct", schema, {}, {"topic": Temperature(2.0),
+                   "refund_requested": OptionBias(1.0, (-30.0, 30.0))},
+                   {"refund_requested": 0.9}, {"ece": 0.02, "cases": 50})
+    return Profile(**{**base.__dict__, **changes})
+
+
+def test_a_profile_maps_each_field_and_marks_low_confidence():
+    spec = parse_schema(SUPPORT_SCHEMA)
+    topic, refund = spec.fields
+    raw = [field_result(topic, [0.0, -2.0, -4.0, -4.0]), field_result(refund, [-0.1, -2.4])]
+    mapped_topic, mapped_refund = profile().apply(raw)
+    expected = [math.exp(s / 2) for s in raw[0].scores]
+    assert [math.exp(s) for s in mapped_topic.scores] == pytest.approx(
+        [e / sum(expected) for e in expected])
+    assert "low_confidence" not in mapped_topic.extra  # no threshold for it
+    assert mapped_refund.value is False and mapped_refund.extra["low_confidence"] is False
+    candidates = mapped_refund.diagnostics()["candidates"]
+    assert [c["uncalibrated_score"] for c in candidates] == list(raw[1].scores)
+    unsure = profile(thresholds={"topic": 0.99}).apply(raw)[0]
+    assert unsure.extra["low_confidence"] is True
+
+
+def test_a_profile_matches_only_its_schema_its_options_and_no_calibration_asked():
+    book = ProfileBook([profile()])
+    spec = parse_schema(SUPPORT_SCHEMA)
+    assert book.find(spec, Options()) is not None
+    reworded = json.loads(json.dumps(SUPPORT_SCHEMA))
+    reworded["properties"]["topic"]["description"] = "What the message is about"
+    assert book.find(parse_schema(reworded), Options()) is None
+    assert book.find(spec, Options(layout="document_first")) is None
+    assert book.find(spec, Options(mode="sequence")) is None
+    assert book.find(spec, Options(calibration="content_free")) is None
+    assert ProfileBook().find(spec, Options()) is None
+
+
+def test_profiles_round_trip_and_bad_files_are_refused(tmp_path):
+    path = tmp_path / "profile.json"
+    write_profiles(path, [profile()])
+    [back] = read_profiles(path)
+    assert back == profile()
+    (tmp_path / "other.json").write_text(json.dumps({"profiles": []}))
+    with pytest.raises(ValueError, match="not a vllm-pcd calibration profile"):
+        read_profiles(tmp_path / "other.json")
+    data = json.loads(path.read_text())
+    data["profiles"][0]["fields"].pop("topic")
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="schema's fields"):
+        read_profiles(path)
+    data["profiles"][0]["options"] = {"calibration": "content_free"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="cannot set calibration"):
+        read_profiles(path)
+
+
+def test_a_profile_serves_only_its_model():
+    assert matches_model(profile(), ["/root/models/SmolLM2-135M-Instruct/"])
+    assert not matches_model(profile(), ["/root/models/Qwen2.5-1.5B", "qwen"])
+
+
+def test_the_engine_config_names_the_profiles_and_drops_other_models(tmp_path):
+    from vllm_pcd.pipeline import profiles_of
+
+    write_profiles(tmp_path / "p.json", [profile(), profile(model="another-model")])
+    config = lambda extra: SimpleNamespace(  # noqa: E731
+        additional_config=extra, model_config=SimpleNamespace(
+            model="/models/SmolLM2-135M-Instruct", served_model_name=None))
+    assert len(profiles_of(config({"pcd": {"calibration_profiles": [str(tmp_path / "p.json")]}
+                                   }))) == 1
+    assert len(profiles_of(config({}))) == 0
+    with pytest.raises(ValueError, match="calibration_profiles: .*missing.json"):
+        profiles_of(config({"pcd": {"calibration_profiles": str(tmp_path / "missing.json")}}))
+
+
+def test_fit_profile_holds_out_half_and_reports_both_sides():
+    spec = parse_schema(SUPPORT_SCHEMA)
+    rows = {"topic": drawn(120, 4, scale=3.0, seed=2),
+            "refund_requested": drawn(120, 2, shift=(2.5, 0.0), seed=3)}
+    fitted, points = fit_profile("m", SUPPORT_SCHEMA, Options(), rows, seed=0, threshold=0.8)
+    held = fitted.held_out
+    assert held["cases"] == held["fitted_cases"] == 60
+    assert len(points["none"]) == len(points["profile"]) == 2 * 60
+    assert fitted.method in ("temperature", "option_bias")
+    assert held["ece"] < held["uncalibrated"]["ece"]
+    assert 0 <= held["low_confidence"]["share"] <= 1
+    assert ProfileBook([fitted]).find(spec, Options()) is fitted
+    few = {name: r[:MIN_CASES - 1] for name, r in rows.items()}
+    with pytest.raises(ValueError, match="at least"):
+        fit_profile("m", SUPPORT_SCHEMA, Options(), few)
+    small, _ = fit_profile("m", SUPPORT_SCHEMA, Options(),
+                           {name: r[:40] for name, r in rows.items()})
+    assert small.method in ("none", "temperature")  # too few cases for per-option biases
+    assert len({id(c) for c in small.fields.values()}) == 1  # one map over every field
+
+
+def test_the_offline_api_applies_the_engine_s_profiles(fp32_llm, model_path, tmp_path,
+                                                       monkeypatch):
+    """An `LLM` built with `additional_config={"pcd": {"calibration_profiles": …}}` answers as
+    the server does: its schema calibrated, every other one untouched."""
+    from vllm_pcd import constrained
+
+    config = fp32_llm.llm_engine.vllm_config
+    plain = constrained(fp32_llm, MESSAGE, PROFILED_SCHEMA)
+    monkeypatch.setattr(config, "additional_config", {"pcd": {"calibration_profiles": [
+        str(write_test_profile(tmp_path, model_path))]}})
+    result = constrained(fp32_llm, MESSAGE, PROFILED_SCHEMA)
+    diag = result.diagnostics()
+    assert diag["calibrated"] is True and result.object["urgent"] is False
+    assert diag["fields"]["channel"]["low_confidence"] is True
+    raw = plain.diagnostics()["fields"]["channel"]["candidates"]
+    expected = [math.exp(c["score"] / PROFILE_TEMPERATURE) for c in raw]
+    assert [c["probability"] for c in diag["fields"]["channel"]["candidates"]] == pytest.approx(
+        [e / sum(expected) for e in expected], abs=1e-6)
+    assert constrained(fp32_llm, MESSAGE, SUPPORT_SCHEMA).diagnostics()["calibrated"] is False

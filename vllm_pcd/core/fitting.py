@@ -1,0 +1,215 @@
+"""Fitted calibration maps: a field's option scores → probabilities a client can threshold.
+
+A field's scores are the model's preference among its options, not the chance that it is
+right: a small model is overconfident, and a layout can tilt every answer towards one label.
+Fitted on labelled cases, two small maps correct that. `Temperature` (Guo et al., 2017)
+rescales every score and keeps every answer. `OptionBias` adds one bias per option beside
+the temperature, which also removes a label prior, so it may change answers. Both minimise
+the labelled cases' log-loss, which is convex in their parameters; `choose` picks between
+them by cross-validated calibration error and accuracy, never by the fit itself.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from vllm_pcd.core.scoring import log_softmax
+
+FLOOR = -100.0  # scores below this (options the head all but ruled out) count as this
+Row = tuple[Sequence[float], int]  # one labelled field: its option scores, the gold index
+
+
+def _logits(scores: Sequence[float], inverse_t: float, bias: Sequence[float] = ()
+            ) -> list[float]:
+    """No bias (a temperature alone) serves fields of any number of options."""
+    return [max(s, FLOOR) * inverse_t + b for s, b in zip(scores, bias or [0.0] * len(scores))]
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Scores divided by one fitted temperature: confidence changes, answers do not."""
+
+    method: ClassVar[str] = "temperature"
+    temperature: float = 1.0
+
+    def apply(self, scores: Sequence[float]) -> list[float]:
+        return log_softmax(_logits(scores, 1 / self.temperature))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "temperature": self.temperature}
+
+    @classmethod
+    def fit(cls, rows: Sequence[Row]) -> Temperature:
+        inverse_t, _ = _minimise(rows, with_bias=False)
+        return cls(1 / inverse_t)
+
+
+@dataclass(frozen=True)
+class OptionBias:
+    """A temperature and one additive bias per option (vector scaling with a shared scale):
+    the bias takes out what a layout or the options' own words add to every answer."""
+
+    method: ClassVar[str] = "option_bias"
+    temperature: float
+    bias: tuple[float, ...]
+
+    def apply(self, scores: Sequence[float]) -> list[float]:
+        if len(scores) != len(self.bias):
+            raise ValueError(f"{len(scores)} scores for a calibration of {len(self.bias)} options")
+        return log_softmax(_logits(scores, 1 / self.temperature, self.bias))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "temperature": self.temperature, "bias": list(self.bias)}
+
+    @classmethod
+    def fit(cls, rows: Sequence[Row]) -> OptionBias:
+        inverse_t, bias = _minimise(rows, with_bias=True)
+        return cls(1 / inverse_t, tuple(bias))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """No map: what a fitted method must beat."""
+
+    method: ClassVar[str] = "none"
+
+    def apply(self, scores: Sequence[float]) -> list[float]:
+        return list(scores)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method}
+
+    @classmethod
+    def fit(cls, rows: Sequence[Row]) -> Identity:
+        return cls()
+
+
+Calibrator = Temperature | OptionBias | Identity
+METHODS: dict[str, type[Calibrator]] = {c.method: c for c in (Identity, Temperature, OptionBias)}
+
+
+def calibrator_from_dict(data: dict[str, Any]) -> Calibrator:
+    method = data.get("method")
+    if method == "temperature":
+        return Temperature(float(data["temperature"]))
+    if method == "option_bias":
+        return OptionBias(float(data["temperature"]), tuple(float(b) for b in data["bias"]))
+    if method == "none":
+        return Identity()
+    raise ValueError(f"unknown calibration method {method!r}")
+
+
+# The biases' ridge: with few cases of a label, its bias would otherwise run off.
+RIDGE = 1e-2
+
+
+def _loss(rows: Sequence[Row], inverse_t: float, bias: Sequence[float]
+          ) -> tuple[float, float, list[float]]:
+    """Mean log-loss plus the ridge, and its gradient in (1/T, bias)."""
+    loss, grad_t, grad_b = 0.0, 0.0, [0.0] * len(bias)
+    for scores, gold in rows:
+        logp = log_softmax(_logits(scores, inverse_t, bias))
+        loss -= logp[gold]
+        for i, (s, lp) in enumerate(zip(scores, logp)):
+            residual = math.exp(lp) - (i == gold)
+            grad_t += residual * max(s, FLOOR)
+            if bias:
+                grad_b[i] += residual
+    n = len(rows)
+    ridge = RIDGE * sum(b * b for b in bias) / 2
+    return (loss / n + ridge, grad_t / n,
+            [g / n + RIDGE * b for g, b in zip(grad_b, bias)])
+
+
+def _minimise(rows: Sequence[Row], with_bias: bool, steps: int = 300
+              ) -> tuple[float, list[float]]:
+    """Gradient descent with a backtracking line search; 1/T stays positive."""
+    if not rows:
+        raise ValueError("nothing to fit: no labelled cases")
+    inverse_t, bias = 1.0, [0.0] * len(rows[0][0]) if with_bias else []
+    loss, grad_t, grad_b = _loss(rows, inverse_t, bias)
+    step = 1.0
+    for _ in range(steps):
+        norm = grad_t * grad_t + sum(g * g for g in grad_b)
+        if norm < 1e-12:
+            break
+        while step > 1e-10:
+            t_new = max(inverse_t - step * grad_t, 1e-3)
+            b_new = [b - step * g for b, g in zip(bias, grad_b)]
+            new_loss, new_t, new_b = _loss(rows, t_new, b_new)
+            if new_loss <= loss - 1e-4 * step * norm:
+                inverse_t, bias, loss, grad_t, grad_b = t_new, b_new, new_loss, new_t, new_b
+                step *= 2
+                break
+            step /= 2
+        else:
+            break
+    return inverse_t, bias
+
+
+def reliability(points: Sequence[tuple[float, bool]], bins: int = 10
+                ) -> list[dict[str, float]]:
+    """Equal-width confidence bins: count, mean confidence and accuracy of each non-empty one."""
+    rows = []
+    for k in range(bins):
+        low, high = k / bins, (k + 1) / bins
+        inside = [(p, ok) for p, ok in points if low <= p < high or (k == bins - 1 and p == 1)]
+        if inside:
+            rows.append({"low": low, "high": high, "count": len(inside),
+                         "confidence": sum(p for p, _ in inside) / len(inside),
+                         "accuracy": sum(ok for _, ok in inside) / len(inside)})
+    return rows
+
+
+def expected_calibration_error(points: Sequence[tuple[float, bool]], bins: int = 10
+                               ) -> float | None:
+    """Count-weighted gap between confidence and accuracy over the reliability bins."""
+    if not points:
+        return None
+    return sum(r["count"] * abs(r["confidence"] - r["accuracy"])
+               for r in reliability(points, bins)) / len(points)
+
+
+def answer_points(calibrator: Calibrator, rows: Sequence[Row]) -> list[tuple[float, bool]]:
+    """(probability of the answer given, was it right) per row, after the map."""
+    out = []
+    for scores, gold in rows:
+        mapped = calibrator.apply(scores)
+        best = max(range(len(mapped)), key=mapped.__getitem__)
+        out.append((math.exp(mapped[best]), best == gold))
+    return out
+
+
+def halves(count: int, seed: int) -> tuple[list[int], list[int]]:
+    """A seeded split of `count` items into two halves (indices)."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return sorted(order[:count // 2]), sorted(order[count // 2:])
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str
+    cross_validated: dict[str, dict[str, float | None]]  # method → ECE, accuracy
+
+
+def choose(fields: Sequence[Sequence[Row]], seed: int,
+           methods: Sequence[str] = ("none", "temperature", "option_bias")) -> Choice:
+    """The method with the lowest two-fold cross-validated ECE over all fields (each field
+    fitted on its own) among those whose cross-validated accuracy is not below no map's."""
+    scores: dict[str, dict[str, float | None]] = {}
+    for method in methods:
+        points = []
+        for rows in fields:
+            first, second = halves(len(rows), seed)
+            for fit, test in ((first, second), (second, first)):
+                calibrator = METHODS[method].fit([rows[i] for i in fit])
+                points += answer_points(calibrator, [rows[i] for i in test])
+        scores[method] = {"ece": expected_calibration_error(points),
+                          "accuracy": sum(ok for _, ok in points) / len(points)}
+    floor = scores["none"]["accuracy"] if "none" in scores else 0.0
+    allowed = [m for m in methods if scores[m]["accuracy"] >= floor]
+    return Choice(min(allowed, key=lambda m: scores[m]["ece"]), scores)
