@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--options: a profile maps uncalibrated scores; leave calibration out")
     cases = read_cases(args.data)
     os.environ.setdefault("VLLM_PLUGINS", "pcd")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache, on CPU hosts
     from vllm import LLM
 
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
