@@ -185,7 +185,7 @@ async def ar_json(client: Client, task: Task, salt: str) -> Outcome:
     resp = await client.api.chat.completions.create(
         model=client.model,
         messages=with_instruction(task.messages, ar_instruction(task.spec, task.layout),
-                                  task.layout),
+                                  task.layout, [f.name for f in task.spec.fields]),
         temperature=0, max_tokens=ar_max_tokens(task),
         response_format={"type": "json_schema",
                          "json_schema": {"name": "answer", "schema": task.schema, "strict": True}},

@@ -210,6 +210,25 @@ def test_schema_first_layout_puts_the_field_list_before_every_document(tokenizer
         build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}], Options(layout=["x"]))
 
 
+def test_the_restated_layout_shares_the_list_and_names_the_fields_after_the_document(
+        tokenizer):
+    spec = parse_schema(SIX_FIELD_SCHEMA)
+    plans = [build_plan(tokenizer, spec, [{"role": "user", "content": doc}],
+                        Options(layout="schema_first_restated"))
+             for doc in (MESSAGE, "A short note about something else entirely.")]
+    text = tokenizer.decode(list(plans[0].shared_ids))
+    names = ", ".join(f.name for f in spec.fields)
+    assert text.index("- urgent") < text.index(MESSAGE) < text.index(f"({names}) about it")
+    plain = build_plan(tokenizer, spec, [{"role": "user", "content": MESSAGE}],
+                       Options(layout="schema_first"))
+    common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
+    assert plans[0].shared_ids[:common] == plain.shared_ids[:common]
+    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], "json",
+                                                    "schema_first"), add_special_tokens=False)
+    assert common > len(instruction)  # the field list stays the documents' shared prefix
+    assert len(plans[0].shared_ids) > len(plain.shared_ids)
+
+
 def test_value_ends_per_formulation(tokenizer):
     """json_next: whole values, then what follows them in the object (`,` or, alone, `}`);
     json_prefix: each value up to its unique token, booleans included."""

@@ -255,7 +255,8 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation, len(schema.fields))
              for f in schema.fields]
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
-    rendered = render_text(tokenizer, with_instruction(messages, instruction, layout),
+    rendered = render_text(tokenizer, with_instruction(messages, instruction, layout,
+                                                       [t.field.name for t in texts]),
                            template_kwargs, chat_template)
     context = tokenizer.encode(rendered, add_special_tokens=False)
     if len(context) + 1 > limits.max_prompt_tokens:

@@ -19,8 +19,11 @@ JSON_HEADER = ("Answer about the conversation above with a JSON object that has 
 CODES_HEADER = ("Answer about the conversation above. For each field below, choose exactly one "
                 "option; where options have codes, answer with the code.")
 # Where the field list goes: after the conversation (in its last user turn), or before it in
-# a system turn, so that documents asked the same schema share its tokens (and their KV).
-LAYOUTS = ("document_first", "schema_first")
+# a system turn, so that documents asked the same schema share its tokens (and their KV);
+# `schema_first_restated` also names the fields again after the conversation, in one line,
+# so the model reads the question after the text as well, and the list stays shared.
+LAYOUTS = ("document_first", "schema_first", "schema_first_restated")
+RESTATEMENT = "Now answer the fields listed before the conversation ({names}) about it."
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
 
 
@@ -78,7 +81,7 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
     """The field list given with the conversation; shared by every branch. Fields with codes
     show them; the others (codes None) show their JSON values."""
     header = FORMULATIONS[formulation].header
-    if layout == "schema_first":
+    if layout.startswith("schema_first"):
         header = header.replace("the conversation above", "the conversation that follows")
     lines = [header]
     for field, codes in fields:
@@ -97,23 +100,31 @@ def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
 
 
 def with_instruction(messages: list[dict[str, Any]], instruction: str,
-                     layout: str = DEFAULT_LAYOUT) -> list[dict[str, Any]]:
+                     layout: str = DEFAULT_LAYOUT, names: Sequence[str] = ()
+                     ) -> list[dict[str, Any]]:
     """The conversation with the field list: appended to the last user turn (or as a new
-    one, keeping roles alternating), or schema-first at the head of the system turn."""
+    one, keeping roles alternating), or schema-first at the head of the system turn, where
+    `schema_first_restated` also appends the restatement of the field `names`."""
     messages = [dict(m) for m in messages]
-    if layout == "schema_first":
-        first = messages[0] if messages else None
-        if first is not None and first.get("role") == "system" \
-                and isinstance(first.get("content"), str):
-            first["content"] = f"{instruction}\n\n{first['content']}"
-        else:
-            messages.insert(0, {"role": "system", "content": instruction})
-        return messages
+    if not layout.startswith("schema_first"):
+        return _after_the_conversation(messages, instruction)
+    first = messages[0] if messages else None
+    if first is not None and first.get("role") == "system" \
+            and isinstance(first.get("content"), str):
+        first["content"] = f"{instruction}\n\n{first['content']}"
+    else:
+        messages.insert(0, {"role": "system", "content": instruction})
+    if layout == "schema_first_restated":
+        return _after_the_conversation(messages, RESTATEMENT.format(names=", ".join(names)))
+    return messages
+
+
+def _after_the_conversation(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
     last = messages[-1] if messages else None
     if last is not None and last.get("role") == "user" and isinstance(last.get("content"), str):
-        last["content"] = f"{last['content']}\n\n{instruction}"
+        last["content"] = f"{last['content']}\n\n{text}"
     else:
-        messages.append({"role": "user", "content": instruction})
+        messages.append({"role": "user", "content": text})
     return messages
 
 
