@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import (MESSAGE, PROFILE_TEMPERATURE, PROFILED_SCHEMA, SUPPORT_SCHEMA,
                             write_test_profile)
-from vllm_pcd.core.fitting import (Identity, OptionBias, Temperature, answer_points, choose,
-                                   expected_calibration_error)
+from vllm_pcd.core.fitting import (Identity, OptionBias, Temperature, answer_points,
+                                   balanced_accuracy, choose, expected_calibration_error)
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, ProfileBook, fit_profile, matches_model,
                                     read_profiles, write_profiles)
@@ -56,6 +56,13 @@ def test_option_biases_take_out_a_label_prior():
     hits = lambda c: sum(ok for _, ok in answer_points(c, held_out))  # noqa: E731
     assert hits(fitted) > hits(Identity()) + 40
     assert choose([rows], seed=0).method == "option_bias"
+
+
+def test_balanced_accuracy_is_not_raised_by_always_answering_the_common_label():
+    always_first = [([-0.1, -2.4], 0)] * 3 + [([-0.1, -2.4], 1)]
+    assert balanced_accuracy(Identity(), always_first) == 0.5  # plain accuracy: 0.75
+    assert balanced_accuracy(OptionBias(1.0, (0.0, 5.0)), always_first) == 0.5
+    assert balanced_accuracy(Identity(), [([-0.1, -2.4], 0), ([-2.4, -0.1], 1)]) == 1.0
 
 
 def test_a_single_label_cannot_drive_a_bias_to_infinity():
@@ -145,8 +152,10 @@ def test_fit_profile_holds_out_half_and_reports_both_sides():
     held = fitted.held_out
     assert held["cases"] == held["fitted_cases"] == 60
     assert len(points["none"]) == len(points["profile"]) == 2 * 60
-    assert fitted.method in ("temperature", "option_bias")
+    assert fitted.method == "option_bias"  # the tilted boolean needs its biases
     assert held["ece"] < held["uncalibrated"]["ece"]
+    assert 0 <= held["uncalibrated"]["balanced_accuracy"] <= 1
+    assert held["balanced_accuracy"] > held["uncalibrated"]["balanced_accuracy"]
     assert 0 <= held["low_confidence"]["share"] <= 1
     assert ProfileBook([fitted]).find(spec, Options()) is fitted
     few = {name: r[:MIN_CASES - 1] for name, r in rows.items()}

@@ -88,13 +88,14 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool], rounds: int = 2000, 
 
 
 def report(name: str, none: Sequence[tuple[float, bool]], fitted: Sequence[tuple[float, bool]],
-           method: str) -> str:
+           method: str, balanced: tuple[float, float] | None = None) -> str:
     diff = paired_difference([ok for _, ok in none], [ok for _, ok in fitted])
-    return (f"{name[:38]:38s} {len(fitted):5d} {method:12s} "
+    line = (f"{name[:30]:30s} {len(fitted):5d} {method:12s} "
             f"{expected_calibration_error(none):6.3f} → {expected_calibration_error(fitted):6.3f}  "
             f"{sum(ok for _, ok in none) / len(none):6.3f} → "
             f"{sum(ok for _, ok in fitted) / len(fitted):6.3f}  "
-            f"{100 * diff['difference']:+.1f} [{100 * diff['low']:+.1f}, {100 * diff['high']:+.1f}]")
+            f"{100 * diff['difference']:+5.1f} [{100 * diff['low']:+.1f}, {100 * diff['high']:+.1f}]")
+    return line + (f"  {balanced[0]:6.3f} → {balanced[1]:6.3f}" if balanced else "")
 
 
 def calibrate(llm: Any, model: str, cases: Sequence[dict[str, Any]], options: Options, *,
@@ -102,14 +103,15 @@ def calibrate(llm: Any, model: str, cases: Sequence[dict[str, Any]], options: Op
               ) -> tuple[list[Profile], dict[str, list[tuple[float, bool]]]]:
     """A profile per schema with enough cases, and the pooled held-out points."""
     profiles, pooled = [], {"none": [], "profile": []}
-    print(f"{'schema (held-out half)':38s} {'rows':>5s} {'method':12s} "
-          f"{'ECE: none → fitted':20s} {'accuracy: none → fitted':24s} paired Δ [95%]", file=out)
+    print(f"{'schema (held-out half)':30s} {'rows':>5s} {'method':12s} "
+          f"{'ECE: none → fitted':20s} {'accuracy: none → fitted':24s} {'paired Δ [95%]':20s}"
+          " balanced accuracy", file=out)
     for group in by_schema(cases).values():
         schema = group[0]["schema"]
         spec = parse_schema(schema)
         name = ",".join(f.name for f in spec.fields)
         if len(group) < MIN_CASES:
-            print(f"{name[:38]:38s} skipped: {len(group)} cases (a profile needs {MIN_CASES})",
+            print(f"{name[:30]:30s} skipped: {len(group)} cases (a profile needs {MIN_CASES})",
                   file=out)
             continue
         rows = labelled_rows(spec, group, score_cases(llm, schema, group, options))
@@ -118,7 +120,10 @@ def calibrate(llm: Any, model: str, cases: Sequence[dict[str, Any]], options: Op
         profiles.append(profile)
         for key in pooled:
             pooled[key] += points[key]
-        print(report(name, points["none"], points["profile"], profile.method), file=out)
+        held = profile.held_out
+        print(report(name, points["none"], points["profile"], profile.method,
+                     (held["uncalibrated"]["balanced_accuracy"], held["balanced_accuracy"])),
+              file=out)
     if len(profiles) > 1:
         print(report("pooled", pooled["none"], pooled["profile"], "per schema"), file=out)
     return profiles, pooled

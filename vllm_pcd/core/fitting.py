@@ -183,6 +183,14 @@ def answer_points(calibrator: Calibrator, rows: Sequence[Row]) -> list[tuple[flo
     return out
 
 
+def balanced_accuracy(calibrator: Calibrator, rows: Sequence[Row]) -> float | None:
+    """The mean over gold options of their recall: what a label prior cannot raise."""
+    recalls: dict[int, list[bool]] = {}
+    for (scores, gold), (_, ok) in zip(rows, answer_points(calibrator, rows)):
+        recalls.setdefault(gold, []).append(ok)
+    return sum(sum(r) / len(r) for r in recalls.values()) / len(recalls) if recalls else None
+
+
 def halves(count: int, seed: int) -> tuple[list[int], list[int]]:
     """A seeded split of `count` items into two halves (indices)."""
     order = list(range(count))

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.fitting import (METHODS, Calibrator, Row, answer_points, calibrator_from_dict,
-                                   choose, expected_calibration_error, halves, reliability)
+from vllm_pcd.core.fitting import (METHODS, Calibrator, Identity, Row, answer_points,
+                                   balanced_accuracy, calibrator_from_dict, choose,
+                                   expected_calibration_error, halves, reliability)
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.schema import SchemaSpec, parse_schema
 
@@ -167,12 +168,19 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
         choice = choose([pooled], seed, ("none", "temperature"))
         shared = METHODS[choice.method].fit(pooled)
         fields = {name: shared for name in fit_rows}
-    points = {"none": [p for r in test_rows.values() for p in answer_points(METHODS["none"](), r)],
+    points = {"none": [p for r in test_rows.values() for p in answer_points(Identity(), r)],
               "profile": [p for name, r in test_rows.items()
                           for p in answer_points(fields[name], r)]}
+    def balanced(maps: dict[str, Calibrator]) -> float | None:
+        """Per field, then the mean over fields."""
+        per_field = [balanced_accuracy(maps[name], r) for name, r in test_rows.items()]
+        return sum(per_field) / len(per_field)
+
+    none = {name: Identity() for name in fields}
     held_out = {"cases": len(test), "fitted_cases": len(fit), "seed": seed,
                 "method": choice.method, **_summary(points["profile"]),
-                "uncalibrated": _summary(points["none"]),
+                "balanced_accuracy": balanced(fields),
+                "uncalibrated": {**_summary(points["none"]), "balanced_accuracy": balanced(none)},
                 "cross_validated": choice.cross_validated}
     if threshold is not None:
         kept = [ok for p, ok in points["profile"] if p >= threshold]
