@@ -35,6 +35,9 @@ from vllm_pcd.core.scoring import field_results
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
                "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
+# AR JSON is vLLM's own grammar decoding, also on a server where PCD answers structured
+# outputs (`serving.structured`).
+GRAMMAR_DECODING = {"chat_template_kwargs": {"pcd_structured_outputs": False}}
 
 
 class Unsupported(Exception):
@@ -189,7 +192,7 @@ async def ar_json(client: Client, task: Task, salt: str) -> Outcome:
         temperature=0, max_tokens=ar_max_tokens(task),
         response_format={"type": "json_schema",
                          "json_schema": {"name": "answer", "schema": task.schema, "strict": True}},
-        extra_body={"cache_salt": salt})
+        extra_body={"cache_salt": salt, **GRAMMAR_DECODING})
     usage = resp.usage
     prompt = _computed(usage)
     try:

@@ -113,14 +113,16 @@ def write_test_profile(folder, model_path):
 
 @pytest.fixture(scope="session")
 def pcd_server(model_path, tmp_path_factory):
-    """Base URL of `VLLM_PLUGINS=pcd vllm serve` on the default model."""
+    """Base URL of `VLLM_PLUGINS=pcd vllm serve` on the default model, answering vLLM's own
+    structured-output requests too (a request opts out with `pcd_structured_outputs`)."""
     import json
 
     from vllm_pcd.launch import serve
 
     folder = tmp_path_factory.mktemp("serve")
-    profiles = {"pcd": {"calibration_profiles": [str(write_test_profile(folder, model_path))]}}
-    args = [*SERVER_ARGS, "--additional-config", json.dumps(profiles)]
+    config = {"pcd": {"calibration_profiles": [str(write_test_profile(folder, model_path))],
+                      "structured_outputs": True}}
+    args = [*SERVER_ARGS, "--additional-config", json.dumps(config)]
     with serve(model_path, args=args, log_path=folder / "vllm.log") as url:
         yield url
 

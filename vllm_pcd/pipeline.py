@@ -88,6 +88,11 @@ class Planner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcd-plan")
         self.waiting = 0
 
+    async def run(self, work: Any, *args: Any, **kwargs: Any) -> Any:
+        """A short tokenizer pass (no planning) on the same thread."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, functools.partial(work, *args, **kwargs))
+
     async def plan(self, bound: int, build: Any, *args: Any) -> Plan:
         if self.waiting >= bound:
             raise Overloaded(f"{self.waiting} PCD calls are waiting for planning "

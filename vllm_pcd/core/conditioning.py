@@ -77,6 +77,10 @@ def check(spec: SchemaSpec, options: Options) -> None:
         raise SchemaError("conditioned fields (pcd_joint, x-pcd-after) continue the JSON "
                           "object: use a json formulation, not codes", param="pcd_formulation",
                           rule="conditioned")
+    if any(f.nested for f in spec.fields):
+        raise SchemaError("conditioned fields (pcd_joint, x-pcd-after) are top-level fields: "
+                          "this schema has nested objects or label sets", param="pcd_joint",
+                          rule="conditioned")
     if options.calibration != "none":
         raise SchemaError("conditioned fields (pcd_joint, x-pcd-after) cannot be calibrated "
                           "against a content-free prior", param="pcd_calibration",

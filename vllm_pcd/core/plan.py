@@ -28,7 +28,8 @@ from vllm_pcd.core.prompt import (FORMULATIONS, NEXT_IN_OBJECT, Tokenizer, branc
                                   check_conversation, instruction_text, render_text,
                                   with_instruction)
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, SchemaSpec
-from vllm_pcd.core.sequence import SequenceFieldPlan, build_sequence_field, candidate_texts
+from vllm_pcd.core.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
+                                    serialize)
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -54,7 +55,17 @@ class FieldPlan:
         return scoring.token_field(self.field, self.codes, self.code_ids, reports[0])
 
 
-AnyFieldPlan = FieldPlan | SequenceFieldPlan
+@dataclass(frozen=True)
+class ConstantFieldPlan:
+    """A field with one allowed value (`const`): answered without asking the engine."""
+
+    field: FieldSpec
+
+    def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult:
+        return scoring.field_result(self.field, [0.0], {"mode": "constant"})
+
+
+AnyFieldPlan = FieldPlan | SequenceFieldPlan | ConstantFieldPlan
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,8 @@ def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[
     options (`full_vocabulary`)."""
     out: list[Scoring] = []
     for i, fp in enumerate(fields):
+        if isinstance(fp, ConstantFieldPlan):
+            continue
         if isinstance(fp, FieldPlan):
             out.append(Scoring(i, fp.suffix_ids, fp.code_ids, 1))
         elif fp.mode == "token":  # one branch, however many trie nodes it needs
@@ -138,9 +151,26 @@ def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[
             out += [Scoring(i, n.prefix, n.children, n.units, at.get(n.prefix[:-1]))
                     for n in fp.nodes]
     requests = Counter(s.field_index for s in out)
-    token_mode = [isinstance(fp, FieldPlan) or fp.mode == "token" for fp in fields]
+    token_mode = [not isinstance(fp, SequenceFieldPlan) or fp.mode == "token" for fp in fields]
     return tuple(replace(s, restricted=not full_vocabulary and requests[s.field_index] == 1
                          and token_mode[s.field_index]) for s in out)
+
+
+def _check_formulation(schema: SchemaSpec, formulation: str) -> None:
+    """A `raw` reply (guided choice) is one value's own text: one field of strings, none the
+    start of another (with nothing after the reply to tell them apart)."""
+    if not FORMULATIONS[formulation].raw:
+        return
+    options = schema.fields[0].options if len(schema.fields) == 1 else (None,)
+    if not all(isinstance(o, str) for o in options) or raw_prefixes(options):
+        raise SchemaError(f"pcd_formulation {formulation} answers one field of string values, "
+                          "none of which starts another", param="pcd_formulation",
+                          rule="formulation")
+
+
+def raw_prefixes(choices: Sequence[str]) -> bool:
+    """Whether one choice's text starts another's."""
+    return any(a != b and b.startswith(a) for a in choices for b in choices)
 
 
 def _codes_in_context(tokenizer: Tokenizer, prefix: str, codes: Sequence[str]) -> list[int] | None:
@@ -171,12 +201,27 @@ def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...
                       param=f"pcd_schema.properties.{field.name}", rule="codes")
 
 
-def _value_end(field: FieldSpec, formulation: str, fields: int, before: int) -> str | None:
-    """`before`: the keys the branch writes ahead of this one (the values it reads)."""
+def _value_end(field: FieldSpec, formulation: str, beside: int, before: int) -> str | None:
+    """`beside`: the keys of the object that holds the field's value; `before`: the keys the
+    branch writes ahead of this one (the values it reads). A field whose values are text
+    prefixes of each other (`1` and `10`) is scored whole, up to what follows it."""
     end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
+    if end is None and _prefix_of_another(field):
+        end = NEXT_IN_OBJECT
     if end == NEXT_IN_OBJECT:  # the object closes after its last key
-        return "," if fields > before + 1 else "}"
+        return "," if beside > before + 1 else "}"
     return end
+
+
+def _prefix_of_another(field: FieldSpec) -> bool:
+    return raw_prefixes([serialize(o, "", "") for o in field.options])
+
+
+def keys_beside(schema: SchemaSpec, field: FieldSpec) -> int:
+    """How many keys the object that holds `field`'s value has (a label set's decisions are
+    written as an object of its labels)."""
+    parent = field.keys[:-1]
+    return len({f.keys[len(parent)] for f in schema.fields if f.keys[:len(parent)] == parent})
 
 
 @dataclass(frozen=True)
@@ -189,30 +234,33 @@ class _FieldText:
     terminator: str | None
     codes: tuple[str, ...] | None
     space: str = " "
+    raw: bool = False
 
     def continuations(self) -> list[str]:
         if self.codes is not None:
             return [self.stem, *(self.stem + code for code in self.codes)]
-        return candidate_texts(self.field, self.stem, self.terminator, self.space)
+        return candidate_texts(self.field, self.stem, self.terminator, self.space, self.raw)
 
 
 def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
-                fields: int, read: Sequence[tuple[FieldSpec, Any]] = ()) -> _FieldText:
+                beside: int, read: Sequence[tuple[FieldSpec, Any]] = ()) -> _FieldText:
     """`read`: the fields (and chosen values) the branch writes before this one's key."""
     stem = branch_text(field, formulation)
     if mode == "token" and formulation == "codes":
         return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
-    space = FORMULATIONS[formulation].space
+    written_as = FORMULATIONS[formulation]
     if read:  # json stems: `{"name":` becomes `{"a": true, "name":`
-        stem = "{" + written(read, space) + stem[1:]
-    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, fields, len(read))
-    return _FieldText(field, mode, stem, terminator, None, space)
+        stem = "{" + written(read, written_as.space) + stem[1:]
+    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, beside, len(read))
+    return _FieldText(field, mode, stem, terminator, None, written_as.space, written_as.raw)
 
 
 def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyFieldPlan:
     """A token-mode field's plan: single-token codes, or values scored up to their unique
     prefix or whole with a terminator, as its formulation says (`FORMULATIONS`)."""
     field = text.field
+    if len(field.options) == 1:
+        return ConstantFieldPlan(field)
     if text.codes is not None:
         suffix = encode(text.stem)
         ids = []
@@ -227,7 +275,7 @@ def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyField
         return FieldPlan(field, suffix, text.codes, tuple(ids))
     try:
         plan = build_sequence_field(encode, field, text.stem, mode=text.mode,
-                                    terminator=text.terminator, space=text.space)
+                                    terminator=text.terminator, space=text.space, raw=text.raw)
     except ValueError as err:
         raise SchemaError(f"pcd_schema.properties.{field.name}: {err}",
                           param=f"pcd_schema.properties.{field.name}", rule="candidates")
@@ -252,8 +300,9 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     check_conversation(messages, limits)
     formulation, layout = options.formulation, options.layout
     check(schema, options)
-    texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation, len(schema.fields))
-             for f in schema.fields]
+    _check_formulation(schema, formulation)
+    texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation,
+                         keys_beside(schema, f)) for f in schema.fields]
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
     rendered = render_text(tokenizer, with_instruction(messages, instruction, layout,
                                                        [t.field.name for t in texts]),
@@ -266,7 +315,7 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     needs = conditions(schema, options.joint)
     now = round_fields(schema, options.joint, answered)
     texts = [_field_text(tokenizer, schema.fields[i], schema.fields[i].mode or options.mode,
-                         formulation, len(schema.fields),
+                         formulation, keys_beside(schema, schema.fields[i]),
                          [(schema.fields[j], answered.values[schema.fields[j].name])
                           for j in needs[i]]) if needs[i] else texts[i] for i in now]
     encode = InContext(tokenizer, rendered, [t.continuations() for t in texts], context,
@@ -278,7 +327,7 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
         raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "
                           f"is {limits.max_engine_requests}", param="pcd_schema",
                           rule="max_engine_requests")
-    total = len(plan.shared_ids) + max(len(s.suffix_ids) + 1 for s in plan.scorings)
+    total = len(plan.shared_ids) + max((len(s.suffix_ids) + 1 for s in plan.scorings), default=0)
     if total > limits.max_prompt_tokens:
         raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "
                           f"is {limits.max_prompt_tokens}", param="messages",

@@ -22,7 +22,9 @@ CODES_HEADER = ("Answer about the conversation above. For each field below, choo
 # a system turn, so that documents asked the same schema share its tokens (and their KV);
 # `schema_first_restated` also names the fields again after the conversation, in one line,
 # so the model reads the question after the text as well, and the list stays shared.
-LAYOUTS = ("document_first", "schema_first", "schema_first_restated")
+# `bare` adds nothing: the conversation as the client sent it, for clients that wrote their
+# prompt for vLLM's own grammar decoding (structured outputs), which shows the model no schema.
+LAYOUTS = ("document_first", "schema_first", "schema_first_restated", "bare")
 RESTATEMENT = "Now answer the fields listed before the conversation ({names}) about it."
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
 
@@ -33,13 +35,15 @@ class Formulation:
     own JSON object (`{"name": ` then the value it would write), each value scored up to
     `boolean_end` / `enum_end` (None: its unique prefix; NEXT_IN_OBJECT: the whole value and
     the character that follows it in the object). `codes`: per-field questions answered
-    with single-token option codes."""
+    with single-token option codes. `raw` (guided choice): the reply is the value's own
+    text, with no stem and no JSON quoting."""
 
     header: str
     json_stem: bool
     boolean_end: str | None = None
     enum_end: str | None = None
     space: str = " "  # between the key's colon and the value
+    raw: bool = False
 
 
 FORMULATIONS = {
@@ -49,6 +53,7 @@ FORMULATIONS = {
     # as compact JSON writes it (and AR JSON under `disable_any_whitespace`): `{"name":true`
     "json_tight": Formulation(JSON_HEADER, True, space=""),
     "codes": Formulation(CODES_HEADER, False),
+    "choice": Formulation(JSON_HEADER, False, space="", raw=True),
 }
 # Picked on the public tasks (benchmarks.evaluate, Qwen2.5-Coder-1.5B, 900 cases): unique
 # prefixes 60.9% field accuracy, the newline terminator 56.5% (it leans to `false` there:
@@ -93,9 +98,14 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
 
 
 def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
-    """The start of the assistant's answer for one field: its stem."""
-    if FORMULATIONS[formulation].json_stem:
-        return "{" + json.dumps(field.name, ensure_ascii=False) + ":"
+    """The start of the assistant's answer for one field: its stem (`{"a": {"b":` for a
+    nested field; nothing where the reply is the value itself)."""
+    written = FORMULATIONS[formulation]
+    if written.raw:
+        return ""
+    if written.json_stem:
+        keys = (json.dumps(key, ensure_ascii=False) for key in field.keys)
+        return "{" + (":" + written.space + "{").join(keys) + ":"
     return f"{field.name}:"
 
 
@@ -106,6 +116,8 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str,
     one, keeping roles alternating), or schema-first at the head of the system turn, where
     `schema_first_restated` also appends the restatement of the field `names`."""
     messages = [dict(m) for m in messages]
+    if layout == "bare":
+        return messages
     if not layout.startswith("schema_first"):
         return _after_the_conversation(messages, instruction)
     first = messages[0] if messages else None

@@ -108,4 +108,4 @@ def field_results(plan: Any, branches: Sequence[RequestReport], normalization: s
     by_field: dict[int, list[RequestReport]] = {}
     for scoring, report in zip(plan.scorings, branches):
         by_field.setdefault(scoring.field_index, []).append(report)
-    return tuple(fp.score(by_field[i], normalization) for i, fp in enumerate(plan.fields))
+    return tuple(fp.score(by_field.get(i, []), normalization) for i, fp in enumerate(plan.fields))

@@ -28,9 +28,10 @@ Encode = Callable[[str], tuple[int, ...]]
 MAX_IDS_PER_REQUEST = 128
 
 
-def serialize(value: Any, terminator: str = "\n", space: str = " ") -> str:
-    """`space` separates the value from its key's colon."""
-    return space + json.dumps(value, ensure_ascii=False) + terminator
+def serialize(value: Any, terminator: str = "\n", space: str = " ", raw: bool = False) -> str:
+    """`space` separates the value from its key's colon; `raw` writes a string as itself."""
+    text = value if raw and isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return space + text + terminator
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -98,19 +99,22 @@ def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
     return cut
 
 
-def candidate_texts(field: Any, stem: str, terminator: str | None, space: str = " "
-                    ) -> list[str]:
+def candidate_texts(field: Any, stem: str, terminator: str | None, space: str = " ",
+                    raw: bool = False) -> list[str]:
     """The continuations of the context a field's plan tokenizes: its stem, then each value."""
-    return [stem, *(stem + serialize(option, terminator or "", space) for option in field.options)]
+    return [stem, *(stem + serialize(option, terminator or "", space, raw)
+                    for option in field.options)]
 
 
 def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "sequence",
-                         terminator: str | None = "\n", space: str = " ") -> SequenceFieldPlan:
+                         terminator: str | None = "\n", space: str = " ", raw: bool = False
+                         ) -> SequenceFieldPlan:
     """`encode` gives the tokens a continuation of the context adds (see `candidate_texts`).
     Sequence mode always scores whole values and their terminator."""
     if mode == "sequence" and terminator is None:
         terminator = "\n"
-    stem_ids, *values = (encode(text) for text in candidate_texts(field, stem, terminator, space))
+    stem_ids, *values = (encode(text) for text in candidate_texts(field, stem, terminator, space,
+                                                                       raw))
     candidates, starts = [], []
     for option, ids in zip(field.options, values):
         # Normally the stem's tokens survive intact; if the value merges into the stem's last

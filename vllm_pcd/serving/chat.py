@@ -9,7 +9,6 @@ OpenAI chat completion with PCD's diagnostics beside it.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from http import HTTPStatus
 from typing import Any
@@ -17,10 +16,12 @@ from typing import Any
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 from vllm_pcd.core.options import Options
-from vllm_pcd.core.schema import MODES, SchemaError, parse_schema, shown
+from vllm_pcd.core.schema import MODES, SchemaError, parse_schema
 from vllm_pcd.serving import metrics
 from vllm_pcd.serving.errors import ErrorAnswer
+from vllm_pcd.serving.openai_shapes import completion, plain_messages
 from vllm_pcd.serving.service import PCD_KEYS, PCDService
+from vllm_pcd.serving.structured import answer_structured
 
 # Chat-completion options that PCD cannot honour; refused rather than silently ignored.
 _UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
@@ -29,29 +30,6 @@ _UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structu
 def is_pcd_request(request: ChatCompletionRequest) -> bool:
     kwargs = request.chat_template_kwargs or {}
     return any(key in kwargs for key in PCD_KEYS)
-
-
-def plain_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
-    """OpenAI messages → role/content strings; only text content is meaningful to PCD."""
-    messages = []
-    for i, message in enumerate(request.messages):
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                part = dict(part)
-                if part.get("type") != "text" or not isinstance(part.get("text", ""), str):
-                    raise SchemaError(f"messages[{i}]: only text content is supported with "
-                                      f"pcd_schema, got {shown(part.get('type'))}",
-                                      param=f"messages[{i}].content", rule="content")
-                parts.append(part.get("text", ""))
-            content = "\n".join(parts)
-        if not isinstance(content, str):
-            raise SchemaError(f"messages[{i}]: content must be text", param=f"messages[{i}]",
-                              rule="content")
-        messages.append({"role": str(message.get("role")), "content": content})
-    return messages
 
 
 def _refuse_unsupported(request: ChatCompletionRequest) -> None:
@@ -71,9 +49,9 @@ def _refuse_unsupported(request: ChatCompletionRequest) -> None:
 async def answer_chat(service: PCDService, handler: Any, request: ChatCompletionRequest
                       ) -> tuple[int, dict[str, Any]] | None:
     """vLLM's chat handler asks this first: PCD's answer as (HTTP status, OpenAI body), or
-    None for a request that is not PCD's."""
+    None for a request that is not PCD's (a structured-output request may be: `structured`)."""
     if not is_pcd_request(request):
-        return None
+        return await answer_structured(service, request)
     mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
     mode = mode if mode in MODES else "invalid"
     try:
@@ -109,28 +87,3 @@ async def _answer(service: PCDService, request: ChatCompletionRequest, mode_labe
     model = request.model or service.state.openai_serving_models.model_name()
     return 200, completion(request_id, model, result.content,
                            result.diagnostics(service.reveals_cache), len(spec.fields))
-
-
-def completion(request_id: str, model: str, content: str, diagnostics: dict[str, Any],
-               decisions: int) -> dict[str, Any]:
-    """An OpenAI chat completion carrying the object, with PCD's diagnostics beside it."""
-    prompt_tokens = diagnostics["tokens"]["ideal"]
-    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": decisions,
-                             "total_tokens": prompt_tokens + decisions}
-    if "computed" in diagnostics["tokens"]:  # cache hits revealed on this server
-        usage["prompt_tokens_details"] = {
-            "cached_tokens": prompt_tokens - min(prompt_tokens, diagnostics["tokens"]["computed"])}
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": content},
-            "logprobs": None,
-            "finish_reason": "stop",
-        }],
-        "usage": usage,
-        "pcd": diagnostics,
-    }

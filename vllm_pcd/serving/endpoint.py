@@ -58,13 +58,18 @@ class PCDEndpointPlugin:
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         if engine_client is None or not internals.active():
             return
-        limits = Limits.from_mapping(_pcd_config(args).get("limits"))
+        config = _pcd_config(args)
+        limits = Limits.from_mapping(config.get("limits"))
         max_model_len = state.vllm_config.model_config.max_model_len
         if limits.max_prompt_tokens >= max_model_len:  # leave room for the one output token
             limits = dataclasses.replace(limits, max_prompt_tokens=max_model_len - 1)
         if (advice := profile_advice(state.vllm_config, limits)) is not None:
             logger.warning("vllm-pcd runs slowly with these serving flags: %s", advice)
-        state.pcd = PCDService(engine_client, state, limits)
+        structured = config.get("structured_outputs", False)
+        if not isinstance(structured, bool):
+            raise ValueError("additional_config.pcd.structured_outputs must be true or false")
+        state.pcd = PCDService(engine_client, state, limits, structured_outputs=structured,
+                               reasoning=bool(getattr(args, "reasoning_parser", None)))
         handler.install_chat_hook(functools.partial(chat.answer_chat, state.pcd))
         if state.pcd.unavailable is not None:
             logger.warning("vllm-pcd answers PCD requests with 501: %s", state.pcd.unavailable)
@@ -74,7 +79,7 @@ class PCDEndpointPlugin:
 
 
 def _pcd_config(args: Namespace) -> dict[str, Any]:
-    """`--additional-config '{"pcd": {"limits": {...}}}'`."""
+    """`--additional-config '{"pcd": {"limits": {...}, "structured_outputs": true}}'`."""
     extra = getattr(args, "additional_config", None) or {}
     if isinstance(extra, str):
         extra = json.loads(extra)

@@ -22,7 +22,7 @@ from vllm_pcd.core.prompt import check_conversation
 from vllm_pcd.core.result import PCDResult
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, shown
 from vllm_pcd.internals.lm_head import configured_route
-from vllm_pcd.pipeline import Call, Online, Overloaded, answer_online, profiles_of
+from vllm_pcd.pipeline import PLANNER, Call, Online, Overloaded, answer_online, profiles_of
 from vllm_pcd.serving import metrics
 from vllm_pcd.serving.errors import ErrorAnswer, client_fault, fault_message
 
@@ -75,10 +75,14 @@ class PCDService:
     template settings of vLLM's own chat route (default kwargs, whether a request may bring
     its own template)."""
 
-    def __init__(self, engine: Any, state: Any, limits: Limits):
+    def __init__(self, engine: Any, state: Any, limits: Limits, *,
+                 structured_outputs: bool = False, reasoning: bool = False):
         self.engine = engine
         self.state = state
         self.limits = limits
+        # answer vLLM's structured-output requests by default (`structured`)
+        self.structured_outputs = structured_outputs
+        self.reasoning = reasoning  # the server parses a thinking phase (--reasoning-parser)
         self.tokenizer = _private_tokenizer(engine)
         self.projection_route = configured_route(state.vllm_config)
         self.profiles = profiles_of(state.vllm_config)
@@ -140,6 +144,10 @@ class PCDService:
             return ErrorAnswer(HTTPStatus.NOT_IMPLEMENTED, f"PCD is off on this server: "
                                f"{self.unavailable}", kind="NotImplementedError")
         return self.model_error(model)
+
+    async def count_tokens(self, text: str) -> int:
+        """Tokens `text` takes, counted on PCD's own planning thread and tokenizer."""
+        return len(await PLANNER.run(self.tokenizer.encode, text, add_special_tokens=False))
 
     def online(self) -> Online:
         return Online(self.engine, self.tokenizer, self.limits, self.projection_route,

@@ -1,0 +1,50 @@
+"""Drawing an answer from PCD's exact distribution over each field's values.
+
+Grammar-constrained decoding samples token by token, so the chance of a value is not the
+model's probability of it. PCD has every value's probability, so at temperature T > 0 it
+draws each field's value from them, sharpened or flattened by T, and, as nucleus sampling
+does over tokens, keeps only the most probable values that hold `top_p` of the mass.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+from vllm_pcd.core.assemble import FieldResult
+
+
+def value_distribution(scores: Sequence[float], temperature: float, top_p: float = 1.0
+                       ) -> list[float]:
+    """Each option's chance of being drawn; temperature 0 puts it all on the best (the
+    first of equal scores, as `FieldResult.best_index` chooses)."""
+    if temperature <= 0:
+        best = max(range(len(scores)), key=scores.__getitem__)
+        return [1.0 if i == best else 0.0 for i in range(len(scores))]
+    top = max(scores)
+    weights = [math.exp((s - top) / temperature) for s in scores]
+    total = sum(weights)
+    chances = [w / total for w in weights]
+    if top_p < 1.0:
+        kept, mass = set(), 0.0
+        for i in sorted(range(len(chances)), key=lambda i: (-chances[i], i)):
+            kept.add(i)
+            mass += chances[i]
+            if mass >= top_p:
+                break
+        held = sum(chances[i] for i in kept)
+        chances = [c / held if i in kept else 0.0 for i, c in enumerate(chances)]
+    return chances
+
+
+def draw_values(results: Sequence[FieldResult], temperature: float, top_p: float = 1.0,
+                seed: int | None = None) -> list[Any]:
+    """One value per field, drawn independently (the fields were scored independently); the
+    same seed draws the same values."""
+    rng = random.Random(seed)
+    out = []
+    for r in results:
+        chances = value_distribution(r.scores, temperature, top_p)
+        out.append(r.field.options[rng.choices(range(len(chances)), weights=chances)[0]])
+    return out
