@@ -33,10 +33,12 @@ from vllm_pcd.core.scoring import field_results
 # where it is native), cached-token counts in `usage` (the client-side token accounting needs
 # them) and the grammar backend for AR JSON.
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+# PCD answers vLLM's structured-output idioms there too (`serving.structured`); AR JSON, vLLM's
+# own grammar decoding, opts out per request (GRAMMAR_DECODING).
+PCD_CONFIG = {"structured_outputs": True}
 SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
-               "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS))
-# AR JSON is vLLM's own grammar decoding, also on a server where PCD answers structured
-# outputs (`serving.structured`).
+               "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
+               "--additional-config", json.dumps({"pcd": PCD_CONFIG}))
 GRAMMAR_DECODING = {"chat_template_kwargs": {"pcd_structured_outputs": False}}
 
 
@@ -185,20 +187,52 @@ def ar_max_tokens(task: Task) -> int:
 
 async def ar_json(client: Client, task: Task, salt: str) -> Outcome:
     """Ordinary autoregressive decoding under vLLM's JSON-schema grammar."""
+    return await structured(client, task, salt, "response_format", pcd=False)
+
+
+async def pcd_response_format(client: Client, task: Task, salt: str) -> Outcome:
+    """AR JSON's very request, answered by PCD (`serving.structured`)."""
+    return await structured(client, task, salt, "response_format", pcd=True)
+
+
+async def pcd_guided_choice(client: Client, task: Task, salt: str) -> Outcome:
+    return await structured(client, task, salt, "choice", pcd=True)
+
+
+async def vllm_guided_choice(client: Client, task: Task, salt: str) -> Outcome:
+    return await structured(client, task, salt, "choice", pcd=False)
+
+
+async def structured(client: Client, task: Task, salt: str, idiom: str, pcd: bool) -> Outcome:
+    """vLLM's own structured-output idioms (a strict `response_format` schema, or guided
+    choice for a one-field task) on the conversation with the field list, answered by PCD or,
+    with the request's opt-out, by vLLM's grammar decoding."""
+    extra: dict[str, Any] = {"cache_salt": salt, **({} if pcd else GRAMMAR_DECODING)}
+    constraint: dict[str, Any] = {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": task.schema,
+                                               "strict": True}}}
+    if idiom == "choice":
+        options = task.spec.fields[0].options
+        if len(task.spec.fields) != 1 or not all(isinstance(o, str) for o in options):
+            raise Unsupported("guided choice answers one field of strings")
+        extra["structured_outputs"], constraint = {"choice": list(options)}, {}
     resp = await client.api.chat.completions.create(
-        model=client.model,
+        model=client.model, temperature=0, max_tokens=ar_max_tokens(task), extra_body=extra,
         messages=with_instruction(task.messages, ar_instruction(task.spec, task.layout),
                                   task.layout, [f.name for f in task.spec.fields]),
-        temperature=0, max_tokens=ar_max_tokens(task),
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "answer", "schema": task.schema, "strict": True}},
-        extra_body={"cache_salt": salt, **GRAMMAR_DECODING})
-    usage = resp.usage
-    prompt = _computed(usage)
+        **constraint)
+    text = resp.choices[0].message.content or ""
     try:
-        obj = json.loads(resp.choices[0].message.content or "")
+        obj = {task.spec.fields[0].name: text} if idiom == "choice" else json.loads(text)
     except json.JSONDecodeError:
         obj = None
+    if (diag := (resp.model_extra or {}).get("pcd")) is not None:
+        return Outcome("ok", obj, tokens_computed=diag["tokens"]["computed"],
+                       backbone_calls=diag["backbone_calls"], extra={"tokens": diag["tokens"]})
+    if pcd:
+        raise Unsupported("the server's vLLM path answered it (PCD structured outputs off)")
+    usage = resp.usage
+    prompt = _computed(usage)
     # One forward pass per generated token: the prefill yields the first, each decode step one.
     return Outcome("ok", obj,
                    tokens_computed=None if prompt is None else prompt + usage.completion_tokens - 1,
@@ -328,6 +362,9 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_cf": pcd_token_cf,
     "pcd_token_joint": pcd_token_joint,
     "ar_json": ar_json,
+    "pcd_response_format": pcd_response_format,
+    "pcd_guided_choice": pcd_guided_choice,
+    "vllm_guided_choice": vllm_guided_choice,
     "per_field": per_field,
     "pcd_systemone": pcd_systemone,
     "vllm_systemone": vllm_systemone,
@@ -336,7 +373,8 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
              "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "pcd_token_joint",
-             "ar_json", "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
+             "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
+             "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
 
 
 async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:

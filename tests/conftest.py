@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from benchmarks.methods import PCD_CONFIG
 from benchmarks.methods import SERVER_ARGS as BENCHMARK_SERVER_ARGS
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.models import default_model_path
@@ -120,8 +121,8 @@ def pcd_server(model_path, tmp_path_factory):
     from vllm_pcd.launch import serve
 
     folder = tmp_path_factory.mktemp("serve")
-    config = {"pcd": {"calibration_profiles": [str(write_test_profile(folder, model_path))],
-                      "structured_outputs": True}}
+    config = {"pcd": {**PCD_CONFIG,
+                      "calibration_profiles": [str(write_test_profile(folder, model_path))]}}
     args = [*SERVER_ARGS, "--additional-config", json.dumps(config)]
     with serve(model_path, args=args, log_path=folder / "vllm.log") as url:
         yield url

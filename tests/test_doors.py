@@ -50,6 +50,17 @@ def test_invocations_answers_pcd_as_the_chat_route(http):
             [c["score"] for c in field["candidates"]], abs=2e-3)
 
 
+def test_invocations_answers_structured_outputs_as_the_chat_route(http):
+    """vLLM's own guided choice, answered by PCD (the server opts in), through either door."""
+    body = {"model": http.model, "messages": MESSAGES, "max_tokens": 8,
+            "structured_outputs": {"choice": ["billing", "shipping", "login"]}}
+    route, door = (http.post(path, json=body).json() for path in
+                   ("/v1/chat/completions", "/invocations"))
+    assert "pcd" in route and "pcd" in door
+    assert door["choices"][0]["message"]["content"] == \
+        route["choices"][0]["message"]["content"] in body["structured_outputs"]["choice"]
+
+
 def test_messages_route_built_on_the_chat_handler_answers_pcd(http):
     """Anthropic's `/v1/messages` calls the chat handler too: PCD's object as its text."""
     response = http.post("/v1/messages", json={**pcd_body(http), "max_tokens": 8})
@@ -147,17 +158,22 @@ def test_a_megabyte_body_is_refused_at_once_and_stalls_no_one(http):
 
 def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
     """`vllm run-batch` (vLLM's OpenAI batch runner) with the plugin: each chat line with a
-    pcd_schema gets PCD's object and diagnostics; a plain line gets vLLM's free text."""
+    pcd_schema gets PCD's object and diagnostics, and so does a guided choice (the batch opts in,
+    as a server does); a plain line gets vLLM's free text."""
     lines = [{"custom_id": f"pcd-{k}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": str(model_path), "messages": [{"role": "user", "content": text}],
                        "chat_template_kwargs": {"pcd_schema": SUPPORT_SCHEMA}}}
              for k, text in enumerate([MESSAGE, "My parcel never arrived.", "Reset my login."])]
+    choices = ["billing", "shipping", "login"]
+    lines.append({"custom_id": "choice", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": str(model_path), "structured_outputs": {"choice": choices},
+                           "messages": [{"role": "user", "content": MESSAGE}]}})
     lines.append({"custom_id": "plain", "method": "POST", "url": "/v1/chat/completions",
                   "body": {"model": str(model_path), "max_tokens": 3,
                            "messages": [{"role": "user", "content": "Hello"}]}})
     source, sink = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    from benchmarks.methods import SERVER_ARGS
+    from benchmarks.methods import PCD_CONFIG, SERVER_ARGS
     from vllm_pcd.launch import vllm_command
 
     env = {k: v for k, v in os.environ.items()
@@ -165,7 +181,8 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
     env.update(VLLM_PLUGINS="pcd", VLLM_CPU_KVCACHE_SPACE="1")
     run = subprocess.run([vllm_command(), "run-batch", "-i", str(source), "-o", str(sink),
                           "--model", str(model_path), "--max-model-len", "4096",
-                          *SERVER_ARGS[:2]], env=env, capture_output=True, text=True,
+                          *SERVER_ARGS[:2], "--additional-config", json.dumps({"pcd": PCD_CONFIG})],
+                         env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     out = {o["custom_id"]: o for o in map(json.loads, sink.read_text().splitlines())}
@@ -174,6 +191,8 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
         assert body["pcd"]["backbone_calls"] == 2, body
         assert set(json.loads(body["choices"][0]["message"]["content"])) == \
             set(SUPPORT_SCHEMA["properties"])
+    choice = out["choice"]["response"]["body"]
+    assert "pcd" in choice and choice["choices"][0]["message"]["content"] in choices
     assert "pcd" not in out["plain"]["response"]["body"]
 
 

@@ -50,22 +50,25 @@ def _mutations():
                          ["topic", "refund_requested", "x"]]).map(
             lambda r: kwargs(schema_with(required=r))),
         st.sampled_from([{"type": "number"}, {"type": "integer"}, {"type": "string"},
-                         {"type": "null"}, {"type": ["boolean", "null"]},
+                         {"type": "integer", "minimum": 1}, {"type": ["string", "null"]},
                          {"type": "array", "items": {"type": "boolean"}},
+                         {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
                          {"type": "object", "properties": {"x": {"type": "boolean"}}},
-                         {"$ref": "#/x"}, {"anyOf": [{"type": "boolean"}]},
+                         {"$ref": "#/x"}, {"$ref": "#/$defs/missing"},
+                         {"anyOf": [{"type": "string"}]},
                          {"type": "string", "enum": ["a"], "pattern": "a"},
                          {"type": "string", "format": "date"}]).map(lambda f: kwargs(field(f))),
         st.lists(nasty_text, max_size=6).filter(
             lambda xs: not xs or len(set(xs)) < len(xs) or any(not x.strip() for x in xs)
             or any(any(ord(c) < 32 and c != "\t" for c in x) for x in xs)
         ).map(lambda xs: kwargs(field({"type": "string", "enum": xs}))),
-        st.lists(junk.filter(lambda v: not isinstance(v, str)), min_size=1, max_size=4).map(
-            lambda xs: kwargs(field({"enum": xs}))),
+        st.lists(junk.filter(lambda v: isinstance(v, (list, dict))), min_size=1,
+                 max_size=4).map(lambda xs: kwargs(field({"enum": xs}))),
         st.integers(257, 400).map(lambda n: kwargs(field({"enum": [f"v{i}" for i in range(n)]}))),
         st.integers(300, 3000).map(lambda n: kwargs(field({"enum": ["a", "x" * n]}))),
         many.map(lambda props: kwargs(schema_with(properties=props, required=list(props)))),
-        st.sampled_from(["$ref", "allOf", "patternProperties", "$defs", "if", "minProperties"]).map(
+        st.sampled_from(["$ref", "allOf", "patternProperties", "dependentSchemas", "if",
+                         "minProperties"]).map(
             lambda k: kwargs(schema_with(**{k: {}}))),
         st.integers(1001, 20000).map(
             lambda n: kwargs(field({"type": "boolean", "description": "ignore all rules " * n}))),
