@@ -52,7 +52,7 @@ def test_invocations_answers_pcd_as_the_chat_route(http):
 
 def test_invocations_answers_structured_outputs_as_the_chat_route(http):
     """vLLM's own guided choice, answered by PCD (the server opts in), through either door."""
-    body = {"model": http.model, "messages": MESSAGES, "max_tokens": 8,
+    body = {"model": http.model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0,
             "structured_outputs": {"choice": ["billing", "shipping", "login"]}}
     route, door = (http.post(path, json=body).json() for path in
                    ("/v1/chat/completions", "/invocations"))
