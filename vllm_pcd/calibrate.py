@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_pcd.core.assemble import option_index, value_at
 from vllm_pcd.core.fitting import Row, expected_calibration_error
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, fit_profile, schema_fingerprint,
@@ -56,12 +57,10 @@ def labelled_rows(spec: SchemaSpec, cases: Sequence[dict[str, Any]],
     some field is left out of every field."""
     rows: dict[str, list[Row]] = {f.name: [] for f in spec.fields}
     for case, per_field in zip(cases, scores):
-        gold = case["expected"]
-        if not all(f.name in gold and gold[f.name] in f.options for f in spec.fields):
+        gold = [option_index(f, value_at(case["expected"], f)) for f in spec.fields]
+        if None in gold:
             continue
-        for f in spec.fields:
-            index = next(i for i, o in enumerate(f.options)
-                         if o == gold[f.name] and type(o) is type(gold[f.name]))
+        for f, index in zip(spec.fields, gold):
             rows[f.name].append((per_field[f.name], index))
     return rows
 

@@ -65,14 +65,15 @@ def opted_in(service: PCDService, request: Any) -> bool:
     return value
 
 
-def constraint_of(request: Any, service: PCDService) -> Constraint | None:
+def constraint_of(request: Any, service: PCDService, kwargs: dict[str, Any]
+                  ) -> Constraint | None:
     """The request's finite-choice constraint, or None where vLLM's path should answer it
-    (no constraint, one PCD cannot answer exactly, or options PCD would answer otherwise)."""
+    (no constraint, one PCD cannot answer exactly, or options PCD would answer otherwise).
+    `kwargs`: the template kwargs the request renders with."""
     if any(getattr(request, name, None) for name in _STOCK_WHEN) or (request.n or 1) != 1 \
             or getattr(request, "top_logprobs", None) or request.add_generation_prompt is False \
             or any(getattr(request, k, None) not in v for k, v in _NEUTRAL.items()):
         return None
-    kwargs = service.template_kwargs(request.chat_template_kwargs)
     if service.reasoning and kwargs.get("enable_thinking") is not False:
         return None  # vLLM would let the model think before the constrained answer
     choice, schema = _constraint(request)
@@ -134,7 +135,8 @@ async def answer_structured(service: PCDService, request: Any
     try:
         if not opted_in(service, request) or service.refusal(request.model) is not None:
             return None
-        constraint = constraint_of(request, service)
+        kwargs = service.template_kwargs(request.chat_template_kwargs)
+        constraint = constraint_of(request, service, kwargs)
         if constraint is None:
             return None
         messages = plain_messages(request)
@@ -144,8 +146,7 @@ async def answer_structured(service: PCDService, request: Any
             return 400, ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err), err.param).body()
         return None  # content or a template PCD does not take: vLLM's path judges it
     request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
-    result = await service.run(messages, constraint.spec, constraint.options,
-                               service.template_kwargs(request.chat_template_kwargs),
+    result = await service.run(messages, constraint.spec, constraint.options, kwargs,
                                chat_template=chat_template, cache_salt=request.cache_salt,
                                request_id=request_id, mode_label="structured")
     if isinstance(result, ErrorAnswer):
