@@ -4,21 +4,15 @@ import pytest
 
 from benchmarks.methods import PCD_CONFIG
 from benchmarks.methods import SERVER_ARGS as BENCHMARK_SERVER_ARGS
-from vllm_pcd.compat import vllm_version
 from vllm_pcd.models import default_model_path
 
-# vLLM 0.24 shares only full KV blocks, so PCD's exact-length fork is off there: each engine
-# request recomputes the shared context's partially filled last block (CPU blocks: 128 tokens).
-KV_FORK = vllm_version() != "0.24.0"
 CPU_BLOCK_SIZE = 128
 
 
 def computed_tokens(plan):
-    """What the engine computes for a token-mode plan: the shared context once and each
-    request's own tokens; without the fork each request also recomputes the context's tail."""
-    shared, scorings = len(plan.shared_ids), plan.scorings
-    own = shared + sum(len(s.suffix_ids) for s in scorings)
-    return own if KV_FORK else own + len(scorings) * (shared % CPU_BLOCK_SIZE)
+    """What the engine computes for a token-mode plan, on every supported vLLM (the fork):
+    the shared context once and each request's own tokens."""
+    return len(plan.shared_ids) + sum(len(s.suffix_ids) for s in plan.scorings)
 
 SUPPORT_SCHEMA = {
     "type": "object",

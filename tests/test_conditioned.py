@@ -88,11 +88,7 @@ def test_joint_answers_match_the_fp32_reference_and_compute_each_token_once(
         assert max(abs(a - b) for a, b in zip(fr.scores, expected)) < TOLERANCE, fp.field.name
     tokens = diagnostics["tokens"]
     assert tokens["ideal"] == sum(r.plan.ideal_tokens for r in result.rounds)
-    fork_on = fp32_llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.pcd_fork
-    if fork_on is not None:
-        assert tokens["computed"] == tokens["ideal"]
-    else:  # no partial-block fork: each round also recomputes what its blocks do not share
-        assert tokens["computed"] >= tokens["ideal"]
+    assert tokens["computed"] == tokens["ideal"]
     # the context, then one step per field: each later round forks the one before it
     assert diagnostics["backbone_calls"] == 1 + len(result.rounds)
     assert all(not r.plan.context for r in result.rounds[1:])

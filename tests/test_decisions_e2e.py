@@ -7,7 +7,7 @@ import math
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, KV_FORK, MESSAGE
+from tests.conftest import API_KEY, MESSAGE
 from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
@@ -59,8 +59,7 @@ def test_every_systemone_question_type_gets_vllms_response_shape(http):
     assert pcd["backbone_calls"] == 2
     assert pcd["projection"]["restricted_requests"] == 0
     assert body["usage"] == {"input_tokens": pcd["tokens"]["ideal"], "output_tokens": 3}
-    if KV_FORK:
-        assert pcd["tokens"]["computed"] <= 1.2 * pcd["tokens"]["ideal"]
+    assert pcd["tokens"]["computed"] <= 1.2 * pcd["tokens"]["ideal"]
 
 
 def test_systemone_answers_what_the_chat_route_answers_for_the_same_schema(http):

@@ -9,7 +9,7 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from tests.conftest import CPU_BLOCK_SIZE, KV_FORK, MESSAGE, SUPPORT_SCHEMA, computed_tokens
+from tests.conftest import MESSAGE, SUPPORT_SCHEMA, computed_tokens
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, microbatches, prefill_params
@@ -33,18 +33,7 @@ def idle_free_blocks(llm):
 
 
 def block_size(llm):
-    return scheduler(llm).kv_cache_manager.pcd_fork.block_size if KV_FORK else CPU_BLOCK_SIZE
-
-
-def own_tokens(result):
-    """Shared context once, then each request's tokens after it (on vLLM 0.24, which has no
-    fork, each request also recomputes the context's partial block: the measured gap)."""
-    return computed_tokens(result.plan)
-
-
-def cached_context(shared):
-    """Context tokens a request finds cached: all with the fork, whole blocks without."""
-    return shared if KV_FORK else shared - shared % CPU_BLOCK_SIZE
+    return scheduler(llm).kv_cache_manager.pcd_fork.block_size
 
 
 def spread(n, k=4):
@@ -66,9 +55,7 @@ def assert_scores_match_reference(model, result, indices):
 
 
 def test_default_engine_gets_the_fork(fp32_llm, monkeypatch):
-    if not KV_FORK:
-        assert scheduler(fp32_llm).kv_cache_manager.pcd_fork is None
-        return
+    """On every supported vLLM (0.24 with the adapter's own copy-on-write)."""
     assert fork.off_reason(scheduler(fp32_llm)) is None
     assert scheduler(fp32_llm).kv_cache_manager.pcd_fork is not None
     monkeypatch.setenv(fork.ENV, "0")
@@ -85,17 +72,14 @@ def test_each_token_is_computed_once(fp32_llm, tokenizer, reference_model, n_fie
     # completed with the same leading tokens (the context's partial block plus a stem): the
     # prefix cache serves it, so that request computes fewer tokens, never more.
     branches = result.execution.branches
-    beyond = [b.cached_tokens - cached_context(shared) for b in branches]
+    beyond = [b.cached_tokens - shared for b in branches]
     assert all(extra == 0 or (extra > 0 and b.cached_tokens % block_size(fp32_llm) == 0)
                for b, extra in zip(branches, beyond)), beyond
-    assert result.execution.tokens_computed == own_tokens(result) - sum(beyond)
-    if KV_FORK and len(plan.scorings) == len(plan.fields):  # one request per field
+    assert result.execution.tokens_computed == computed_tokens(plan) - sum(beyond)
+    if len(plan.scorings) == len(plan.fields):  # one request per field
         assert result.execution.tokens_computed == shared + plan.branch_tokens - sum(beyond)
     batches = microbatches(plan.scorings, Limits().max_branches_per_batch)
-    if KV_FORK:
-        assert result.execution.backbone_calls == 1 + len(batches)
-    else:  # each request's recomputed tail can overflow a step's token budget
-        assert result.execution.backbone_calls >= 1 + len(batches)
+    assert result.execution.backbone_calls == 1 + len(batches)
     # A full forward per request takes minutes on a CPU at 32 fields: check a spread of them.
     assert_scores_match_reference(reference_model, result, spread(len(plan.scorings)))
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
@@ -120,7 +104,7 @@ def test_short_and_aligned_contexts(fp32_llm, tokenizer, reference_model, case):
     shared = len(result.plan.shared_ids)
     assert (shared < size) == (case == "under-one-block")
     assert (shared % size == 0) == (case == "block-aligned")
-    assert result.execution.tokens_computed == own_tokens(result)
+    assert result.execution.tokens_computed == computed_tokens(result.plan)
     assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings)))
 
 
@@ -170,7 +154,7 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
     engine.add_request("abort-waiting", salted(plan.shared_ids + second.suffix_ids, salt),
                        branch_params(second.token_ids, shared_len=shared))
     engine.abort_request(["abort-waiting"])
-    assert first_output(engine, "abort-running").num_cached_tokens == cached_context(shared)
+    assert first_output(engine, "abort-running").num_cached_tokens == shared
     assert free_blocks(fp32_llm) < idle_free_blocks(fp32_llm)
     engine.abort_request(["abort-running"])
     while engine.has_unfinished_requests():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tests.conftest import KV_FORK, MESSAGE
+from tests.conftest import MESSAGE
 from tests.test_fidelity import TOLERANCE
 from vllm_pcd import constrained
 from vllm_pcd.engine import TRIE_ENV, schedule
@@ -116,8 +116,7 @@ def test_sequence_scores_match_fp32_reference(fp32_llm, reference_model, monkeyp
     calls = result.execution.backbone_calls
     scorings = result.plan.scorings
     if trie == "chained":
-        if KV_FORK:  # vLLM 0.24: every node recomputes its context's partial block
-            assert diag["tokens"]["computed"] == diag["tokens"]["ideal"]
+        assert diag["tokens"]["computed"] == diag["tokens"]["ideal"]
         assert calls == 1 + len(schedule(scorings, Limits().max_branches_per_batch, True))
     else:
         total_candidates = sum(len(p["enum"]) if "enum" in p else 2

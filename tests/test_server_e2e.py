@@ -6,7 +6,7 @@ import math
 import openai
 import pytest
 
-from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, KV_FORK, MESSAGE, SERVER_ARGS,
+from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, MESSAGE, SERVER_ARGS,
                             PROFILE_TEMPERATURE, PROFILED_SCHEMA, SIX_FIELD_SCHEMA,
                             SUPPORT_SCHEMA, computed_tokens)
 from vllm_pcd.core.options import Options
@@ -25,8 +25,7 @@ def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
 
 def own_tokens(tokenizer, schema):
     """Shared context once, then each token-mode request's own tokens (a boolean's three
-    requests each recompute its short stem: they run in one step); on vLLM 0.24 each also
-    recomputes the context's partial last block (`conftest.computed_tokens`)."""
+    requests each recompute its short stem: they run in one step)."""
     return computed_tokens(build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE)))
 
 
@@ -43,8 +42,7 @@ def test_pcd_answers_a_typed_object_with_diagnostics(client, tokenizer, schema):
     diag = response.model_extra["pcd"]
     assert diag["mode"] == "token" and diag["calibrated"] is False
     assert diag["tokens"]["computed"] == own_tokens(tokenizer, schema)
-    if KV_FORK:
-        assert diag["tokens"]["computed"] <= 1.2 * diag["tokens"]["ideal"]
+    assert diag["tokens"]["computed"] <= 1.2 * diag["tokens"]["ideal"]
     assert diag["backbone_calls"] == 2
     plan = build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE))
     assert diag["projection"] == {"route": "torch",  # this CPU's restricted-head route

@@ -9,8 +9,9 @@ request and each branch; a trie node's parent's and its own when nodes chain):
   later step's hit never reads a block still being written);
 - on admission, after the ordinary full-block lookup reached the block boundary below the
   longest n whose block is cached, takes that block too, so its computed tokens start at n.
-  vLLM's own partial-hit copy-on-write then gives the branch a private copy of it (the
-  worker copies the block before the step's forward) while the full blocks stay shared.
+  A partial-hit copy-on-write then gives the branch a private copy of it (the worker copies
+  the block before the step's forward) while the full blocks stay shared: vLLM 0.32's own,
+  and on vLLM 0.24 the adapter's (`internals.v0_24.cow`).
 The entry is an ordinary evictable cache entry: nothing outlives vLLM's own reference
 counting, so a finished, aborted or preempted request leaks nothing, and an evicted entry
 just means the branch recomputes the tail (the engine reports what it computed).
@@ -63,8 +64,6 @@ def off_reason(scheduler: Any) -> str | None:
     from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
-    if adapter().FORK_OFF is not None:
-        return adapter().FORK_OFF
     manager = scheduler.kv_cache_manager
     coordinator = manager.coordinator
     if os.environ.get(ENV, "1") == "0":
@@ -76,10 +75,11 @@ def off_reason(scheduler: Any) -> str | None:
     (group,) = coordinator.single_type_managers
     if type(group) is not FullAttentionManager:
         return f"the KV cache group is {type(group).__name__}, not full attention"
-    if scheduler.connector is not None or manager.enable_kv_cache_events:
-        return "a KV connector or KV cache events read block hashes"
-    if manager.use_eagle or coordinator.num_reprefillable_tokens:
-        return "speculative decoding re-reads cached tokens"
+    if scheduler.connector is not None:
+        return "a KV connector reads block hashes"
+    blocker = adapter().fork_blocker(manager)
+    if blocker is not None:
+        return blocker
     if group.dcp_world_size != 1 or coordinator.pcp_world_size != 1:
         return "context parallelism shards blocks"
     if manager.block_pool.hash_block_size != group.block_size:
@@ -109,7 +109,7 @@ def _fork_of(manager: Any) -> Fork | None:
 def _extend_hit(manager: Any, request: Any, blocks: Any, hit: int) -> tuple[Any, int]:
     """The ordinary hit plus the longest cached partial tail block it reaches."""
     fork = _fork_of(manager)
-    if fork is None or not manager.prefix_cache_lookup_enabled(request):
+    if fork is None or not adapter().lookup_allowed(manager, request):
         return blocks, hit
     for n in fork.boundaries(request):
         if hit != n - n % fork.block_size or n >= request.num_tokens:
@@ -151,21 +151,12 @@ def apply() -> None:
         _install(self)
 
     Scheduler.__init__ = init_with_fork
-    if adapter().FORK_OFF is not None:  # said at start-up (off_reason): nothing else to patch
-        return
     require_methods(KVCacheManager, "get_computed_blocks", "free", "pop_blocks_for_free",
-                    "create_kv_cache_blocks", "prefix_cache_lookup_enabled", patch="fork")
+                    "create_kv_cache_blocks", patch="fork")
     require_methods(BlockPool, "get_cached_block", "_insert_block_hash", patch="fork")
 
-    lookup = KVCacheManager.get_computed_blocks
     free = KVCacheManager.free
     pop_for_free = KVCacheManager.pop_blocks_for_free
-
-    @functools.wraps(lookup)
-    def lookup_with_fork(self: Any, request: Any) -> tuple[Any, int, int]:
-        blocks, hit, pinned = lookup(self, request)
-        blocks, hit = _extend_hit(self, request, blocks, hit)
-        return blocks, hit, pinned
 
     @functools.wraps(free)
     def free_with_fork(self: Any, request: Any) -> None:
@@ -177,7 +168,8 @@ def apply() -> None:
         _leave_tail(self, request)
         return pop_for_free(self, request)
 
-    KVCacheManager.get_computed_blocks = lookup_with_fork
+    KVCacheManager.get_computed_blocks = adapter().lookup_with(
+        KVCacheManager.get_computed_blocks, _extend_hit)
     KVCacheManager.free = free_with_fork
     KVCacheManager.pop_blocks_for_free = pop_for_free_with_fork
-
+    adapter().copy_partial_hits()

@@ -18,13 +18,14 @@ from vllm_pcd.compat import adapter_name
 # embedding_bias, skip_gather, stock) where `stock(hidden)` runs vLLM's own forward on
 # `hidden` with the call's other arguments.
 ChooseLogits = Callable[[Any, Any, Any, Any, bool, Callable[[Any], Any]], Any]
+# The fork's lookup: (manager, request, blocks, hit) → (blocks, hit) with the cached partial
+# tail block the ordinary full-block hit reaches.
+ExtendHit = Callable[[Any, Any, Any, int], tuple[Any, int]]
 
 
 class VersionAdapter(Protocol):
     # Modules that hold `init_app_state` under that name (API server, `vllm run-batch`).
     STATE_MODULES: tuple[str, ...]
-    # Why branches cannot fork the shared context's partial last block; None when they can.
-    FORK_OFF: str | None
 
     def client_error_types(self) -> tuple[type[BaseException], ...]:
         """The engine errors a request caused (vLLM answers them with a 4xx)."""
@@ -42,6 +43,22 @@ class VersionAdapter(Protocol):
     def logits_forward(self, stock: Callable[..., Any], choose: ChooseLogits
                        ) -> Callable[..., Any]:
         """`LogitsProcessor.forward` with this version's signature, answered by `choose`."""
+
+    def fork_blocker(self, manager: Any) -> str | None:
+        """Why this engine's KV cache manager cannot take the fork, for the features only this
+        version has (speculative re-reads, KV events); None when none applies."""
+
+    def lookup_with(self, stock: Callable[..., Any], extend: ExtendHit) -> Callable[..., Any]:
+        """`KVCacheManager.get_computed_blocks` with this version's result shape, its hit
+        extended by `extend`."""
+
+    def lookup_allowed(self, manager: Any, request: Any) -> bool:
+        """Whether the request may read the prefix cache at all."""
+
+    def copy_partial_hits(self) -> None:
+        """Make a prefix hit that ends inside a block give the request a private copy of that
+        block (the worker copies its KV before the step's forward); nothing where vLLM does
+        it itself."""
 
 
 @functools.cache

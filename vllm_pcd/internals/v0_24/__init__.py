@@ -1,8 +1,8 @@
 """vLLM 0.24's side of `internals.version.VersionAdapter` (FlagOS hosts): a request's faults
 are re-raised as the `ValueError`s they are; there is no `vllm.endpoint_plugins` group, so
-the routes are attached by wrapping the API server's app builder; only full KV blocks are
-shared (no partial-hit copy-on-write), so the fork is off; the LM head's forward has no
-`skip_gather`."""
+the routes are attached by wrapping the API server's app builder; vLLM shares only full KV
+blocks, so the fork's partial-hit copy-on-write is the adapter's own (`cow`); the prefix
+lookup returns no pinned count; the LM head's forward has no `skip_gather`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from vllm_pcd.compat import require_methods
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 STATE_MODULES = (API_SERVER, "vllm.entrypoints.openai.run_batch")
-FORK_OFF = ("vLLM 0.24 shares only full KV blocks (no partial-hit copy-on-write): each "
-            "branch recomputes the context's partially filled last block")
 
 
 def client_error_types() -> tuple[type[BaseException], ...]:
@@ -60,3 +58,29 @@ def logits_forward(stock: Callable[..., Any], choose: Any) -> Callable[..., Any]
         return choose(self, lm_head, hidden_states, embedding_bias, False,
                       lambda h: stock(self, lm_head, h, embedding_bias))
     return forward
+
+
+def fork_blocker(manager: Any) -> str | None:
+    if manager.block_pool.enable_kv_cache_events:
+        return "KV cache events read block hashes"
+    if manager.use_eagle:
+        return "speculative decoding re-reads cached tokens"
+    return None
+
+
+def lookup_with(stock: Callable[..., Any], extend: Any) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def get_computed_blocks(self: Any, request: Any) -> tuple[Any, int]:
+        blocks, hit = stock(self, request)
+        return extend(self, request, blocks, hit)
+    return get_computed_blocks
+
+
+def lookup_allowed(manager: Any, request: Any) -> bool:
+    return manager.enable_caching and not request.skip_reading_prefix_cache
+
+
+def copy_partial_hits() -> None:
+    from vllm_pcd.internals.v0_24 import cow
+
+    cow.apply()

@@ -1,7 +1,7 @@
 """vLLM 0.32's side of `internals.version.VersionAdapter`: client faults are `VLLMClientError`
 or `GracefulHTTPError` (admission control, with its own status); routes come through the
-endpoint-plugin hook; partial-block prefix hits are copied on write, so the fork is on; the
-LM head's forward takes `skip_gather`."""
+endpoint-plugin hook; vLLM copies a partial-block prefix hit on write itself; the prefix
+lookup also reports pinned blocks; the LM head's forward takes `skip_gather`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 STATE_MODULES = ("vllm.entrypoints.launchers.api_server.entry",
                  "vllm.entrypoints.launchers.run_batch")
-FORK_OFF = None
 
 
 def client_error_types() -> tuple[type[BaseException], ...]:
@@ -50,3 +49,29 @@ def logits_forward(stock: Callable[..., Any], choose: Any) -> Callable[..., Any]
         return choose(self, lm_head, hidden_states, embedding_bias, skip_gather,
                       lambda h: stock(self, lm_head, h, embedding_bias, skip_gather))
     return forward
+
+
+def fork_blocker(manager: Any) -> str | None:
+    if manager.enable_kv_cache_events:
+        return "KV cache events read block hashes"
+    if manager.use_eagle or manager.coordinator.num_reprefillable_tokens:
+        return "speculative decoding re-reads cached tokens"
+    return None
+
+
+def lookup_with(stock: Callable[..., Any], extend: Any) -> Callable[..., Any]:
+    @functools.wraps(stock)
+    def get_computed_blocks(self: Any, request: Any) -> tuple[Any, int, int]:
+        blocks, hit, pinned = stock(self, request)
+        blocks, hit = extend(self, request, blocks, hit)
+        return blocks, hit, pinned
+    return get_computed_blocks
+
+
+def lookup_allowed(manager: Any, request: Any) -> bool:
+    return manager.prefix_cache_lookup_enabled(request)
+
+
+def copy_partial_hits() -> None:
+    """vLLM 0.32's full-attention manager swaps a partial hit's tail block for a private copy
+    and its worker copies the KV (`kv_cache_block_copies`)."""
