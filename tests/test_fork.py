@@ -3,6 +3,7 @@ it, only that request's own tokens, whatever the block size; scores stay exact a
 FP32 transformers forward over the whole prompt, and no block leaks."""
 
 import math
+import time
 
 import pytest
 from vllm import SamplingParams
@@ -160,4 +161,76 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
     while engine.has_unfinished_requests():
         engine.step()
     assert not scheduler(fp32_llm).requests
+    assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
+
+
+def partial_tail_text(tokenizer, schema, size):
+    """A ticket whose shared context ends inside a block: the tail every branch forks."""
+    text = synthetic_ticket(tokenizer, 300)
+    while len(build_plan(tokenizer, parse_schema(schema), as_messages(text)).shared_ids) % size == 0:
+        text += " a"
+    return text
+
+
+def run_until_done(engine, ids):
+    outputs = {}
+    while engine.has_unfinished_requests():
+        outputs.update((o.request_id, o) for o in engine.step() if o.finished)
+    return {i: outputs[i] for i in ids if i in outputs}
+
+
+def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, tokenizer,
+                                                                  reference_model):
+    """Many branches fork one partial tail block. After the first wave's step, one branch is
+    aborted and one preempted (its blocks freed, then re-admitted: it forks the tail again);
+    a second wave forks the same tail. Every branch's scores stay those of an FP32 forward,
+    the preempted branch writes what its undisturbed twin writes, and the KV goes back to
+    idle."""
+    schema = synthetic_schema(8)
+    size = block_size(fp32_llm)
+    plan = build_plan(tokenizer, parse_schema(schema),
+                      as_messages(partial_tail_text(tokenizer, schema, size)))
+    shared, salt, scorings = len(plan.shared_ids), "fork-siblings", plan.scorings
+    assert shared % size
+    fp32_llm.generate([salted(plan.shared_ids, salt)], prefill_params(shared), use_tqdm=False)
+    engine, sched = fp32_llm.llm_engine, scheduler(fp32_llm)
+
+    def add(request_id, scoring, max_tokens=1):
+        params = branch_params(scoring.token_ids, shared_len=shared)
+        params.max_tokens, params.ignore_eos = max_tokens, True
+        engine.add_request(request_id, salted(plan.shared_ids + scoring.suffix_ids, salt),
+                           params)
+
+    long_one = scorings[0]
+    for name in ("preempted", "twin", "aborted"):
+        add(name, long_one, max_tokens=6)
+    first_wave = {f"first-{k}": s for k, s in enumerate(scorings[1:4], 1)}
+    for request_id, scoring in first_wave.items():
+        add(request_id, scoring)
+    done = {o.request_id: o for o in engine.step() if o.finished}
+    assert set(done) == set(first_wave)  # one step ran them all, beside the long three
+    (victim,) = [r for i, r in sched.requests.items() if i.startswith("preempted")]
+    sched.running.remove(victim)
+    sched._preempt_request(victim, time.monotonic())
+    engine.abort_request(["aborted"])
+    second_wave = {f"second-{k}": s for k, s in enumerate(scorings[4:], 4)}
+    for request_id, scoring in second_wave.items():
+        add(request_id, scoring)
+    done.update(run_until_done(engine, [*second_wave, "preempted", "twin"]))
+
+    for request_id, scoring in {**first_wave, **second_wave}.items():
+        output = done[request_id]
+        assert output.num_cached_tokens == shared, request_id
+        got = output.outputs[0].logprobs[0]
+        norm = math.log(sum(math.exp(got[t].logprob) for t in scoring.token_ids))
+        expected = reference_scores(reference_model, [*plan.shared_ids, *scoring.suffix_ids],
+                                    scoring.token_ids)
+        worst = max(abs(got[t].logprob - norm - e) for t, e in zip(scoring.token_ids, expected))
+        assert worst < TOLERANCE, request_id
+    preempted, twin = done["preempted"].outputs[0], done["twin"].outputs[0]
+    assert preempted.token_ids == twin.token_ids and len(twin.token_ids) == 6
+    for mine, theirs in zip(preempted.logprobs, twin.logprobs):
+        assert max(abs(mine[t].logprob - theirs[t].logprob) for t in long_one.token_ids) \
+            < TOLERANCE
+    assert not sched.requests
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
