@@ -124,7 +124,7 @@ def table(results: dict[str, Any]) -> str:
         ar = cell["rows"][base]
         floor = cell["rows"]["floor@schema_first"]
         for name, row in cell["rows"].items():
-            if "docs_per_s" not in row:
+            if row.get("median_s") is None:  # unsupported, or every document failed
                 lines.append(f"| {cell['fields']} | {cell['concurrency']} | {name} | "
                              f"{row['status']} | | | | | |")
                 continue

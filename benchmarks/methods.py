@@ -259,9 +259,11 @@ async def per_field(client: Client, task: Task, salt: str) -> Outcome:
                   extra_body={"logprob_token_ids": list(s.token_ids),
                               "return_tokens_as_token_ids": True})
         for s in plan.scorings))
+    tops = [reply.choices[0].logprobs.top_logprobs[0] for reply in replies]
+    if any(f"token_id:{t}" not in top for s, top in zip(plan.scorings, tops) for t in s.token_ids):
+        return Outcome("unsupported: this vLLM's completions API ignores logprob_token_ids")
     reports = [RequestReport(0, 0, None, {t: top[f"token_id:{t}"] for t in s.token_ids})
-               for s, reply in zip(plan.scorings, replies)
-               for top in [reply.choices[0].logprobs.top_logprobs[0]]]
+               for s, top in zip(plan.scorings, tops)]
     obj = assemble(task.spec, field_results(plan, reports, "sum"))  # PCD's own scoring
     counts = [_computed(r.usage) for r in (warm, *replies)]
     return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
