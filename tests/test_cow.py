@@ -1,0 +1,51 @@
+"""The 0.24 adapter's block copy on plain tensors: each pair's source block lands on its
+destination in every layer, whichever dimension counts the blocks, and nothing else moves."""
+
+import pytest
+import torch
+
+from vllm_pcd.internals.v0_24.cow import block_view, copy_blocks, ends_inside_block
+
+NUM_BLOCKS = 6
+
+
+def cpu_layout():
+    """CPU attention: blocks, KV heads, tokens per block, 2 × head size."""
+    return torch.randn(NUM_BLOCKS, 3, 4, 8)
+
+
+def kv_first_layout():
+    """GPU backends' (K/V, blocks, tokens, heads, head size)."""
+    return torch.randn(2, NUM_BLOCKS, 4, 3, 5)
+
+
+@pytest.mark.parametrize("make, dim", [(cpu_layout, 0), (kv_first_layout, 1)])
+def test_each_pair_is_copied_in_every_layer(make, dim):
+    layers = [make(), make()]
+    before = [layer.clone() for layer in layers]
+    copy_blocks([*layers, layers[0]], NUM_BLOCKS, [(1, 4), (1, 5), (2, 3)])  # layer 0 twice
+    for layer, old in zip(layers, before):
+        blocks = old.movedim(dim, 0)
+        new = layer.movedim(dim, 0)
+        for source, target in [(1, 4), (1, 5), (2, 3)]:
+            assert torch.equal(new[target], blocks[source])
+        for untouched in (0, 1, 2):
+            assert torch.equal(new[untouched], blocks[untouched])
+
+
+def test_kernel_blocks_finer_than_the_schedulers_are_copied_together():
+    cache = torch.randn(2 * NUM_BLOCKS, 4, 8)  # two kernel blocks per scheduler block
+    old = cache.clone()
+    copy_blocks([cache], NUM_BLOCKS, [(0, 5)])
+    assert torch.equal(cache[10:12], old[0:2]) and torch.equal(cache[:10], old[:10])
+
+
+def test_a_cache_without_a_block_dimension_is_refused():
+    with pytest.raises(RuntimeError, match="no dimension of 6 blocks"):
+        block_view(torch.zeros(7, 3), NUM_BLOCKS)
+
+
+def test_only_a_hit_ending_inside_a_block_is_copied():
+    assert ends_inside_block(["b0", "b1"], 130, 128)
+    assert not ends_inside_block(["b0"], 128, 128)
+    assert not ends_inside_block([], 5, 128)
