@@ -10,9 +10,9 @@ cd "$repo"
 if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   venv=${PCD_VENV:-$repo/.venv-0.24}
   # What runs on FlagOS hosts' vLLM: end to end, fidelity, the fork's token accounting and
-  # its copy-on-write, the restricted head, the engine channel, hostile input, the decision routes, every door,
-  # neighbours on a shared server, the planning bounds, conditioned fields, vLLM's own
-  # structured-output idioms and the package's shape (its version adapters).
+  # its copy-on-write, the restricted head, the engine channel, hostile input, the decision
+  # routes, every door, neighbours on a shared server, the planning bounds, conditioned
+  # fields, vLLM's own structured-output idioms and the package's shape (its version adapters).
   default_tests="tests/test_architecture.py tests/test_conditioned.py tests/test_server_e2e.py
     tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py tests/test_channel.py
     tests/test_reliability.py tests/test_faults.py tests/test_decisions.py
