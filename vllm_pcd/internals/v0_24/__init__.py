@@ -61,6 +61,10 @@ def logits_forward(stock: Callable[..., Any], choose: Any) -> Callable[..., Any]
 
 
 def fork_blocker(manager: Any) -> str | None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():  # the adapter's copy knows CPU attention's KV layout
+        return "vLLM 0.24's fork copy is built for CPU hosts (FlagOS)"
     if manager.block_pool.enable_kv_cache_events:
         return "KV cache events read block hashes"
     if manager.use_eagle:

@@ -136,15 +136,14 @@ def patch_scheduler(scheduler_cls: Any) -> None:
     scheduler_cls.update_from_output = update_releasing
 
 
-def block_view(cache: Any, num_blocks: int) -> tuple[Any, int]:
-    """`cache` with one dimension counting the scheduler's blocks, and which one: the first
-    (CPU attention: blocks, heads, tokens, 2·head size), or the second behind a K/V pair."""
-    dim = 1 if cache.shape[0] == 2 and num_blocks > 2 else 0
-    per_block, remainder = divmod(cache.shape[dim], num_blocks)
+def block_view(cache: Any, num_blocks: int) -> Any:
+    """`cache` with its first dimension counting the scheduler's blocks: CPU attention's
+    layout (blocks, KV heads, tokens, 2·head size), with finer kernel blocks folded in."""
+    per_block, remainder = divmod(cache.shape[0], num_blocks)
     if remainder:
-        raise RuntimeError(f"vllm-pcd fork copy: a KV cache of shape {tuple(cache.shape)} has "
-                           f"no dimension of {num_blocks} blocks")
-    return cache.unflatten(dim, (num_blocks, per_block)), dim
+        raise RuntimeError(f"vllm-pcd fork copy: a KV cache of shape {tuple(cache.shape)} "
+                           f"does not start with its {num_blocks} blocks")
+    return cache.unflatten(0, (num_blocks, per_block))
 
 
 def copy_blocks(caches: Iterable[Any], num_blocks: int, pairs: Sequence[tuple[int, int]]
@@ -160,11 +159,8 @@ def copy_blocks(caches: Iterable[Any], num_blocks: int, pairs: Sequence[tuple[in
         if cache.data_ptr() in seen:
             continue
         seen.add(cache.data_ptr())
-        blocks, dim = block_view(cache, num_blocks)
-        if dim == 0:
-            blocks[target.to(cache.device)] = blocks[source.to(cache.device)]
-        else:
-            blocks[:, target.to(cache.device)] = blocks[:, source.to(cache.device)]
+        blocks = block_view(cache, num_blocks)
+        blocks[target] = blocks[source]
 
 
 def patch_runner(runner_cls: Any) -> None:
