@@ -236,25 +236,63 @@ def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, toke
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
 
 
-def test_the_fork_is_exact_across_processes(model_path, tokenizer, reference_model, monkeypatch):
-    """As users run it: the engine core and its worker in processes of their own, so the
-    step's block copies travel with the scheduler's output to the worker (vLLM 0.24's copy is
-    the adapter's). Every token once, two calls, scores of an FP32 forward."""
+CHILD = """
+import json, sys
+from benchmarks.bench_latency import synthetic_schema
+from tests.test_fork import partial_tail_text
+from vllm_pcd import constrained
+
+
+def main():
     from vllm import LLM
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setenv("VLLM_PLUGINS", "pcd")  # the engine core's process patches itself
-    llm = LLM(str(model_path), dtype="float32", enable_prefix_caching=True,
+    llm = LLM(sys.argv[1], dtype="float32", enable_prefix_caching=True,
               disable_log_stats=False, max_model_len=4096, seed=0)
-    try:
-        schema = synthetic_schema(8)
-        text = partial_tail_text(tokenizer, schema, 128)  # CPU's block size
-        result = constrained(llm, text, schema, cache_salt="fork-processes")
-        assert len(result.plan.shared_ids) % 128 > 8  # a tail of several tokens to copy
-        assert result.execution.tokens_computed == computed_tokens(result.plan)
-        assert result.execution.backbone_calls == 2
-        assert_scores_match_reference(reference_model, result, range(len(result.plan.scorings)))
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
+    schema = synthetic_schema(8)
+    text = partial_tail_text(llm.get_tokenizer(), schema, 128)  # CPU's block size
+    result = constrained(llm, text, schema, cache_salt="fork-processes")
+    print("RESULT " + json.dumps({
+        "shared_ids": list(result.plan.shared_ids),
+        "scorings": [[list(s.suffix_ids), list(s.token_ids)] for s in result.plan.scorings],
+        "logprobs": [{str(t): v for t, v in b.logprobs.items()}
+                     for b in result.execution.branches],
+        "computed": result.execution.tokens_computed,
+        "calls": result.execution.backbone_calls}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_the_fork_is_exact_across_processes(model_path, reference_model, tmp_path):
+    """As users run it: the engine core and its worker in processes of their own, so the
+    step's block copies travel with the scheduler's output to the worker (vLLM 0.24's copy is
+    the adapter's). Every token once, two calls, scores of an FP32 forward. It runs in a
+    child process: a second engine in this one would share its distributed state with the
+    session's in-process engine."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_PLUGINS": "pcd",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, str(script), str(model_path)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
+    got = json.loads(lines[-1].removeprefix("RESULT "))
+    shared = got["shared_ids"]
+    assert len(shared) % 128 > 8  # a tail of several tokens to copy
+    assert got["computed"] == len(shared) + sum(len(s) for s, _ in got["scorings"])
+    assert got["calls"] == 2
+    for k, ((suffix, token_ids), logprobs) in enumerate(zip(got["scorings"], got["logprobs"])):
+        norm = math.log(sum(math.exp(logprobs[str(t)]) for t in token_ids))
+        expected = reference_scores(reference_model, [*shared, *suffix], token_ids)
+        worst = max(abs(logprobs[str(t)] - norm - e) for t, e in zip(token_ids, expected))
+        assert worst < TOLERANCE, f"request {k}: {logprobs} vs {expected}"
