@@ -10,7 +10,7 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from tests.conftest import MESSAGE, SUPPORT_SCHEMA, computed_tokens
+from tests.conftest import CPU_BLOCK_SIZE, MESSAGE, SUPPORT_SCHEMA, computed_tokens
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, microbatches, prefill_params
@@ -42,17 +42,21 @@ def spread(n, k=4):
     return sorted({i * (n - 1) // max(k - 1, 1) for i in range(k)})
 
 
+def assert_branch_matches_reference(model, prompt_ids, token_ids, got, label):
+    """One request's log-probabilities (`got`: token id → log-probability), renormalised over
+    its wanted tokens, equal those of a transformers FP32 forward over its whole prompt."""
+    expected = reference_scores(model, list(prompt_ids), token_ids)
+    norm = math.log(sum(math.exp(got[t]) for t in token_ids))
+    worst = max(abs(got[t] - norm - e) for t, e in zip(token_ids, expected))
+    assert worst < TOLERANCE, f"request {label}: {got} vs {expected}"
+
+
 def assert_scores_match_reference(model, result, indices):
-    """Each request's log-probabilities, renormalised over its wanted tokens, equal those of a
-    transformers FP32 forward over its whole prompt."""
     scorings = result.plan.scorings
     for k in indices:
-        s, got = scorings[k], result.execution.branches[k].logprobs
-        ids = [*result.plan.shared_ids, *s.suffix_ids]
-        expected = reference_scores(model, ids, s.token_ids)
-        norm = math.log(sum(math.exp(got[t]) for t in s.token_ids))
-        worst = max(abs(got[t] - norm - e) for t, e in zip(s.token_ids, expected))
-        assert worst < TOLERANCE, f"request {k}: {got} vs {expected}"
+        s = scorings[k]
+        assert_branch_matches_reference(model, [*result.plan.shared_ids, *s.suffix_ids],
+                                        s.token_ids, result.execution.branches[k].logprobs, k)
 
 
 def test_default_engine_gets_the_fork(fp32_llm, monkeypatch):
@@ -221,12 +225,10 @@ def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, toke
     for request_id, scoring in {**first_wave, **second_wave}.items():
         output = done[request_id]
         assert output.num_cached_tokens == shared, request_id
-        got = output.outputs[0].logprobs[0]
-        norm = math.log(sum(math.exp(got[t].logprob) for t in scoring.token_ids))
-        expected = reference_scores(reference_model, [*plan.shared_ids, *scoring.suffix_ids],
-                                    scoring.token_ids)
-        worst = max(abs(got[t].logprob - norm - e) for t, e in zip(scoring.token_ids, expected))
-        assert worst < TOLERANCE, request_id
+        step = output.outputs[0].logprobs[0]
+        assert_branch_matches_reference(
+            reference_model, [*plan.shared_ids, *scoring.suffix_ids], scoring.token_ids,
+            {t: step[t].logprob for t in scoring.token_ids}, request_id)
     preempted, twin = done["preempted"].outputs[0], done["twin"].outputs[0]
     assert preempted.token_ids == twin.token_ids and len(twin.token_ids) == 6
     for mine, theirs in zip(preempted.logprobs, twin.logprobs):
@@ -239,6 +241,7 @@ def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, toke
 CHILD = """
 import json, sys
 from benchmarks.bench_latency import synthetic_schema
+from tests.conftest import CPU_BLOCK_SIZE
 from tests.test_fork import partial_tail_text
 from vllm_pcd import constrained
 
@@ -249,7 +252,7 @@ def main():
     llm = LLM(sys.argv[1], dtype="float32", enable_prefix_caching=True,
               disable_log_stats=False, max_model_len=4096, seed=0)
     schema = synthetic_schema(8)
-    text = partial_tail_text(llm.get_tokenizer(), schema, 128)  # CPU's block size
+    text = partial_tail_text(llm.get_tokenizer(), schema, CPU_BLOCK_SIZE)
     result = constrained(llm, text, schema, cache_salt="fork-processes")
     print("RESULT " + json.dumps({
         "shared_ids": list(result.plan.shared_ids),
@@ -288,11 +291,9 @@ def test_the_fork_is_exact_across_processes(model_path, reference_model, tmp_pat
     assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
     got = json.loads(lines[-1].removeprefix("RESULT "))
     shared = got["shared_ids"]
-    assert len(shared) % 128 > 8  # a tail of several tokens to copy
+    assert len(shared) % CPU_BLOCK_SIZE > 8  # a tail of several tokens to copy
     assert got["computed"] == len(shared) + sum(len(s) for s, _ in got["scorings"])
     assert got["calls"] == 2
     for k, ((suffix, token_ids), logprobs) in enumerate(zip(got["scorings"], got["logprobs"])):
-        norm = math.log(sum(math.exp(logprobs[str(t)]) for t in token_ids))
-        expected = reference_scores(reference_model, [*shared, *suffix], token_ids)
-        worst = max(abs(logprobs[str(t)] - norm - e) for t, e in zip(token_ids, expected))
-        assert worst < TOLERANCE, f"request {k}: {logprobs} vs {expected}"
+        assert_branch_matches_reference(reference_model, [*shared, *suffix], token_ids,
+                                        {t: logprobs[str(t)] for t in token_ids}, k)
