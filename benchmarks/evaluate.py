@@ -29,7 +29,7 @@ from benchmarks import public_data
 from benchmarks.harness import provenance, run_on_server, save_figure
 from benchmarks.methods import METHODS, Client, Outcome, load_tokenizer, make_task, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
-                                field_accuracy, first_option_share, median, p90,
+                                field_accuracy, first_option_share, label_accuracy, median, p90,
                                 paired_bootstrap, true_share, valid_rate)
 from vllm_pcd.core.fitting import expected_calibration_error, reliability
 from vllm_pcd.core.prompt import DEFAULT_LAYOUT, LAYOUTS
@@ -70,6 +70,7 @@ def method_report(cases: list[dict[str, Any]], outcomes: list[Outcome]) -> dict[
         "boolean_accuracy": field_accuracy(answers, "boolean"),
         "enum_accuracy": field_accuracy(answers, "enum"),
         "exact_accuracy": exact_accuracy(answers),
+        "label_accuracy": label_accuracy(answers),
         "balanced_accuracy": balanced_accuracy(answers),
         "schema_valid_rate": valid_rate(answers),
         "true_share": true_share(answers),
@@ -169,7 +170,7 @@ def _interval(row: dict[str, float] | None) -> str:
             f"{100 * row['high']:+.1f}]")
 
 
-COLUMNS = ["method", "field", "bal", "bool", "enum", "exact", "Δfield vs AR [95%]",
+COLUMNS = ["method", "field", "bal", "bool", "enum", "labels", "exact", "Δfield vs AR [95%]",
            "Δexact vs AR [95%]", "true", "first", "ECE", "med s", "tokens", "calls"]
 
 
@@ -184,14 +185,15 @@ def task_rows(name: str, report: dict[str, Any]) -> list[str]:
         delta = deltas.get(method, {})
         cells = [method, _pct(rep["field_accuracy"]), _pct(rep["balanced_accuracy"]),
                  _pct(rep["boolean_accuracy"]),
-                 _pct(rep["enum_accuracy"]), _pct(rep["exact_accuracy"]),
+                 _pct(rep["enum_accuracy"]), _pct(rep.get("label_accuracy")),
+                 _pct(rep["exact_accuracy"]),
                  _interval(delta.get("field")), _interval(delta.get("exact")),
                  _pct(rep["true_share"]), _pct(rep["first_option_share"]),
                  _num(rep["ece"], ".3f"), _num(rep["median_s"], ".3f"),
                  _num(rep["tokens_computed"]), _num(rep["backbone_calls"])]
         rows.append(f"| {name} | {report['cases']} | " + " | ".join(cells) + " |")
     gold = report["gold"]
-    rows.append(f"| {name} | {report['cases']} | gold | | | | | | | | "
+    rows.append(f"| {name} | {report['cases']} | gold | | | | | | | | | "
                 f"{_pct(gold['true_share'])} | {_pct(gold['first_option_share'])} | | | | |")
     return rows
 
@@ -233,7 +235,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--data", nargs="+", default=["dev"],
                         help="sources: dev, bigbench:<task>, rotten_tomatoes, bbc, "
-                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, or a .jsonl path")
+                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, bbc_multi, or a .jsonl path")
     parser.add_argument("--model", default=str(default_model_path()),
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")

@@ -176,8 +176,29 @@ async def pcd_token_joint(client: Client, task: Task, salt: str) -> Outcome:
 
 
 def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
-    """PCD's own field list, values written as JSON, under the JSON formulation's header."""
-    return instruction_text([(f, None) for f in spec.fields], "json", layout)
+    """PCD's own field list, values written as JSON, under the JSON formulation's header; a
+    label set is one line naming its labels, as the object writes it (a list)."""
+    label_sets: dict[tuple[str, ...], list[Any]] = {}
+    for f in spec.fields:
+        if f.member:
+            label_sets.setdefault(f.keys[:-1], [f]).append(f.keys[-1])
+    lines = [instruction_text([(f, None) for f in spec.fields if not f.member], "json", layout)]
+    for keys, (first, *labels) in label_sets.items():
+        about = f" ({first.description})" if first.description else ""
+        lines.append(f"- {'.'.join(keys)}{about}: a list of any of "
+                     + ", ".join(json.dumps(label) for label in labels))
+    return "\n".join(lines)
+
+
+def grammar_schema(schema: Any) -> Any:
+    """The schema without `uniqueItems`, which vLLM's xgrammar backend refuses: the grammar
+    still holds a label set's items to its labels (a repeated label is then counted invalid
+    by `metrics.is_schema_valid`, and right when the set is)."""
+    if isinstance(schema, dict):
+        return {k: grammar_schema(v) for k, v in schema.items() if k != "uniqueItems"}
+    if isinstance(schema, list):
+        return [grammar_schema(v) for v in schema]
+    return schema
 
 
 def ar_max_tokens(task: Task) -> int:
@@ -208,8 +229,9 @@ async def structured(client: Client, task: Task, salt: str, idiom: str, pcd: boo
     choice for a one-field task) on the conversation with the field list, answered by PCD or,
     with the request's opt-out, by vLLM's grammar decoding."""
     extra: dict[str, Any] = {"cache_salt": salt, **({} if pcd else GRAMMAR_DECODING)}
+    schema = task.schema if pcd else grammar_schema(task.schema)
     constraint: dict[str, Any] = {"response_format": {
-        "type": "json_schema", "json_schema": {"name": "answer", "schema": task.schema,
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
                                                "strict": True}}}
     if idiom == "choice":
         options = task.spec.fields[0].options

@@ -1,6 +1,7 @@
 """Pure metric functions for the evaluation: no I/O, no server, so they can be unit-tested.
 
-A case is a (schema, expected, predicted) triple over a flat bool/enum JSON schema. A method
+A case is a (schema, expected, predicted) triple over a flat JSON schema of booleans, enums
+and label sets (unique arrays of enum strings, right when the set is right). A method
 that produced no object (an error, unparsable output) predicts None; its fields count as
 wrong in the accuracies and it is left out of the answer-distribution shares, which describe
 what a method answers when it answers.
@@ -20,6 +21,8 @@ class Case(NamedTuple):
 
 
 def field_kind(spec: dict[str, Any]) -> str:
+    if spec.get("type") == "array":
+        return "labels"
     return "boolean" if spec.get("type") == "boolean" else "enum"
 
 
@@ -33,13 +36,20 @@ def is_schema_valid(schema: dict[str, Any], obj: Any) -> bool:
         if field_kind(spec) == "boolean":
             if not isinstance(value, bool):
                 return False
+        elif field_kind(spec) == "labels":
+            if not isinstance(value, list) or len(set(map(str, value))) != len(value) \
+                    or any(v not in spec["items"]["enum"] for v in value):
+                return False
         elif isinstance(value, bool) or value not in spec["enum"]:
             return False
     return True
 
 
 def _same(gold: Any, got: Any) -> bool:
-    # `1 == True` in Python; a boolean answer must be a JSON boolean to count.
+    # `1 == True` in Python; a boolean answer must be a JSON boolean to count. A label set is
+    # right when it names the same labels, in any order.
+    if isinstance(gold, list) and isinstance(got, list):
+        return all(isinstance(v, str) for v in got) and set(gold) == set(got)
     return type(gold) is type(got) and gold == got
 
 
@@ -74,6 +84,21 @@ def balanced_accuracy(cases: Sequence[Case]) -> float | None:
             got = case.predicted.get(name) if isinstance(case.predicted, dict) else None
             recalls.setdefault((name, repr(gold)), []).append(_same(gold, got))
     return share([share(hits) for hits in recalls.values()]) if recalls else None
+
+
+def label_accuracy(cases: Sequence[Case]) -> float | None:
+    """Of every label of every label-set field, the share whose membership the prediction
+    gets right (None without label sets): partial credit beside the whole-set accuracy."""
+    hits = []
+    for case in cases:
+        for name, spec in case.schema["properties"].items():
+            if field_kind(spec) != "labels":
+                continue
+            got = case.predicted.get(name) if isinstance(case.predicted, dict) else None
+            for label in spec["items"]["enum"]:
+                hits.append(isinstance(got, list)
+                            and (label in case.expected[name]) == (label in got))
+    return share(hits)
 
 
 def label_balanced(cases: Sequence[dict[str, Any]], limit: int | None, seed: int
@@ -170,14 +195,20 @@ def paired_bootstrap(a: Sequence[Case], b: Sequence[Case], *, exact: bool = Fals
 def confidences(cases: Sequence[Case], scores: Sequence[dict[str, list[float]] | None]
                 ) -> list[tuple[float, bool]]:
     """(probability of the answer given, was it right) per field, from per-option
-    log-probabilities in schema order (booleans: true, false)."""
+    log-probabilities in schema order (booleans: true, false); a label set gives one point
+    per label, from its yes/no decision (scored as `<field>.<label>`)."""
     out = []
     for case, per_field in zip(cases, scores):
         if not per_field or not isinstance(case.predicted, dict):
             continue
         for name, spec in case.schema["properties"].items():
-            options = [True, False] if field_kind(spec) == "boolean" else spec["enum"]
-            best = max(range(len(options)), key=per_field[name].__getitem__)
-            out.append((math.exp(per_field[name][best]),
-                        _same(case.expected[name], options[best])))
+            if field_kind(spec) == "labels":
+                decisions = [(per_field[f"{name}.{label}"], label in case.expected[name])
+                             for label in spec["items"]["enum"]]
+            else:
+                decisions = [(per_field[name], case.expected[name])]
+            for logprobs, gold in decisions:
+                options = [True, False] if isinstance(gold, bool) else spec["enum"]
+                best = max(range(len(options)), key=logprobs.__getitem__)
+                out.append((math.exp(logprobs[best]), _same(gold, options[best])))
     return out

@@ -5,7 +5,8 @@
 Sources (see ../shared/data.md): `dev` (the hand-written set, tuned on), `bigbench:<task>`
 (any BIG-bench JSON task; a subtask as `<task>/<subtask>`), `rotten_tomatoes`, `bbc`, and
 multi-field cases built from them: `rotten_tomatoes_multi` (three reviews, one field each),
-`fever_multi` (three claims) and `bbq_pairs` (one BBQ context, its two questions). Cases are
+`fever_multi` (three claims), `bbq_pairs` (one BBQ context, its two questions) and
+`bbc_multi` (two or three headlines, labelled with the set of their topics). Cases are
 what a user would send: the text as the message, a schema whose names and descriptions say
 what is asked, and the task's own options (per example where the task has them). Each source
 is sampled with a fixed seed, so every run and method sees the same cases.
@@ -154,6 +155,27 @@ def bbc() -> Iterator[dict[str, Any]]:
                        {"topic": name.split("/")[-2]})
 
 
+def bbc_multi(seed: int = SEED) -> Iterator[dict[str, Any]]:
+    """Two or three headlines of different topics in one message, labelled with the set of
+    their topics: a multi-label case (`uniqueItems` array of the topic names)."""
+    rows = [(c["message"], c["expected"]["topic"]) for c in bbc()]
+    topics = sorted({topic for _, topic in rows})
+    rng = random.Random(seed)
+    rng.shuffle(rows)
+    by_topic: dict[str, list[str]] = {}
+    for headline, topic in rows:
+        by_topic.setdefault(topic, []).append(headline)
+    about = "Every news topic that at least one of the headlines is about"
+    for i in range(min(len(v) for v in by_topic.values())):
+        chosen = sorted(rng.sample(topics, rng.choice((2, 3))))
+        headlines = [by_topic[topic][i] for topic in chosen]
+        rng.shuffle(headlines)
+        field = {"type": "array", "uniqueItems": True, "items": {"enum": topics},
+                 "description": about}
+        yield case("bbc_multi", i, _numbered(headlines, "Headline"), {"topics": field},
+                   {"topics": chosen})
+
+
 def _numbered(items: list[str], noun: str) -> str:
     return "\n".join(f"{noun} {k}: {text.strip()}" for k, text in enumerate(items, start=1))
 
@@ -220,7 +242,7 @@ def dev() -> Iterator[dict[str, Any]]:
 
 
 SOURCES: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
-    "dev": dev, "rotten_tomatoes": rotten_tomatoes, "bbc": bbc,
+    "dev": dev, "rotten_tomatoes": rotten_tomatoes, "bbc": bbc, "bbc_multi": bbc_multi,
     "rotten_tomatoes_multi": rotten_tomatoes_multi, "fever_multi": fever_multi,
     "bbq_pairs": bbq_pairs}
 

@@ -202,3 +202,34 @@ def test_offline_chat_refuses_pcd_schema(fp32_llm):
     with pytest.raises(ValueError) as err:
         fp32_llm.chat(MESSAGES, chat_template_kwargs={"pcd_schema": SUPPORT_SCHEMA})
     assert str(err.value).startswith(STRAY_SCHEMA)
+
+
+def test_offline_chat_answers_a_guided_choice_by_pcd_as_greedy_decoding_would(fp32_llm):
+    """The offline door gives a structured-output chat PCD's answer where a server would (here
+    the call opts in), vLLM's `RequestOutput` in shape, and hands the rest to vLLM."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    choices = ["billing", "technical", "shipping"]  # apart at their first token
+    params = SamplingParams(temperature=0, max_tokens=16,
+                            structured_outputs=StructuredOutputsParams(choice=choices))
+    opt_in = {"pcd_structured_outputs": True}
+    pcd = fp32_llm.chat([MESSAGES, MESSAGES], params, chat_template_kwargs=opt_in)
+    stock = fp32_llm.chat(MESSAGES, params)
+    assert len(pcd) == 2 and all(hasattr(out, "pcd") for out in pcd)
+    assert not hasattr(stock[0], "pcd")
+    assert pcd[0].outputs[0].text == pcd[1].outputs[0].text == stock[0].outputs[0].text
+    assert pcd[0].outputs[0].finish_reason == "stop" and pcd[0].outputs[0].token_ids
+    schema = {"type": "object", "additionalProperties": False, "required": ["topic"],
+              "properties": {"topic": {"enum": choices}}}
+    as_json = SamplingParams(temperature=0, max_tokens=32,
+                             structured_outputs=StructuredOutputsParams(json=schema))
+    obj = json.loads(fp32_llm.chat(MESSAGES, as_json, chat_template_kwargs=opt_in)[0]
+                     .outputs[0].text)
+    assert obj == {"topic": pcd[0].outputs[0].text}
+    logprobs = SamplingParams(temperature=0, max_tokens=16, logprobs=1,
+                              structured_outputs=StructuredOutputsParams(choice=choices))
+    handed = fp32_llm.chat(MESSAGES, logprobs, chat_template_kwargs=opt_in)
+    assert not hasattr(handed[0], "pcd") and handed[0].outputs[0].logprobs
+    with pytest.raises(ValueError, match="pcd_structured_outputs"):
+        fp32_llm.chat(MESSAGES, params, chat_template_kwargs={"pcd_structured_outputs": "yes"})

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.metrics import (
     Case, balanced_accuracy, confidences, exact_accuracy, field_accuracy, first_option_share,
-    is_schema_valid, label_balanced, median, p90, paired_bootstrap, percentile, true_share,
+    is_schema_valid, label_accuracy, label_balanced, median, p90, paired_bootstrap, percentile, true_share,
     valid_rate)
 from vllm_pcd.core.fitting import expected_calibration_error, reliability
 
@@ -167,3 +167,30 @@ def test_a_label_balanced_sample_has_as_many_of_each_answer():
     limited = label_balanced(cases, 8, seed=0)
     assert len(limited) == 8 and sum(c["expected"]["answer"] for c in limited) == 4
     assert label_balanced(cases, 8, seed=0) == limited  # the draw is seeded
+
+
+LABELS = {"type": "object", "required": ["topics"], "additionalProperties": False,
+          "properties": {"topics": {"type": "array", "uniqueItems": True,
+                                    "items": {"enum": ["business", "sport", "tech"]}}}}
+
+
+def test_a_label_set_is_right_as_a_set_and_scored_per_label():
+    cases = [Case(LABELS, {"topics": ["sport", "tech"]}, {"topics": ["tech", "sport"]}),
+             Case(LABELS, {"topics": ["business"]}, {"topics": ["business", "tech"]}),
+             Case(LABELS, {"topics": ["sport"]}, None)]
+    assert field_accuracy(cases) == pytest.approx(1 / 3)
+    assert label_accuracy(cases) == pytest.approx(5 / 9)  # 3 + 2 + 0 of 3 labels each
+    assert label_accuracy(CASES) is None
+    assert is_schema_valid(LABELS, {"topics": ["tech", "sport"]})
+    assert not is_schema_valid(LABELS, {"topics": ["tech", "tech"]})
+    assert not is_schema_valid(LABELS, {"topics": ["news"]})
+    assert not is_schema_valid(LABELS, {"topics": "tech"})
+
+
+def test_a_label_set_gives_one_confidence_per_label():
+    cases = [Case(LABELS, {"topics": ["sport"]}, {"topics": ["sport", "tech"]})]
+    yes_no = {"topics.business": [math.log(0.2), math.log(0.8)],
+              "topics.sport": [math.log(0.9), math.log(0.1)],
+              "topics.tech": [math.log(0.7), math.log(0.3)]}
+    points = confidences(cases, [yes_no])
+    assert [(round(p, 6), ok) for p, ok in points] == [(0.8, True), (0.9, True), (0.7, False)]

@@ -9,6 +9,7 @@ host's vLLM as it is.
 from __future__ import annotations
 
 import os
+import sys
 
 from vllm_pcd.compat import UnsupportedVLLMVersion
 
@@ -41,3 +42,8 @@ def register() -> None:
         from vllm_pcd.serving.endpoint import PCDEndpointPlugin
 
         entry_points.attach(PCDEndpointPlugin())
+    elif "vllm.entrypoints.llm" in sys.modules:  # a process that builds an offline `LLM`
+        from vllm_pcd.internals import handler
+        from vllm_pcd.serving.offline import answer_offline_chat
+
+        handler.install_offline_chat_hook(answer_offline_chat)

@@ -2,7 +2,8 @@
 
 `OpenAIServingChat.create_chat_completion` is what the HTTP route, SageMaker's
 `/invocations`, `vllm run-batch`, and the chat-based routes built on it (Anthropic's
-`/v1/messages`) call. Wrapping it there, instead of replacing one HTTP route, gives all of
+`/v1/messages`) call; `OpenAIServingResponses.create_responses` is the Responses API's
+(`/v1/responses`, and `/invocations` for a Responses body). Wrapping it there, instead of replacing one HTTP route, gives all of
 them PCD's answer for a body whose `chat_template_kwargs` carry a PCD key, as vLLM's own
 response types (`ChatCompletionResponse`, or `ErrorResponse` with its status).
 
@@ -21,6 +22,7 @@ from typing import Any, Awaitable, Callable
 from vllm_pcd.internals.errors import client_error
 
 CHAT_SERVING = "vllm.entrypoints.openai.chat_completion.serving"
+RESPONSES_SERVING = "vllm.entrypoints.openai.responses.serving"
 SCHEMA_KEY = "pcd_schema"
 STRAY_SCHEMA = ("chat_template_kwargs.pcd_schema is answered by vllm-pcd on /v1/chat/completions "
                 "(also through /invocations and vllm run-batch) and on the offline "
@@ -32,23 +34,57 @@ Answer = Callable[[Any, Any], Awaitable[tuple[int, dict[str, Any]] | None]]
 
 def install_chat_hook(answer: Answer) -> None:
     """Idempotent: the last `answer` installed serves every handler of this process."""
-    module = sys.modules.get(CHAT_SERVING) or __import__(CHAT_SERVING, fromlist=["_"])
-    handler_cls = module.OpenAIServingChat
-    stock = getattr(handler_cls.create_chat_completion, "__pcd_stock__",
-                    handler_cls.create_chat_completion)
+    _install(CHAT_SERVING, "OpenAIServingChat", "create_chat_completion",
+             "ChatCompletionResponse", answer)
+
+
+def install_responses_hook(answer: Answer) -> None:
+    """The Responses API's handler (`/v1/responses`), as `install_chat_hook`."""
+    _install(RESPONSES_SERVING, "OpenAIServingResponses", "create_responses",
+             "ResponsesResponse", answer)
+
+
+def _install(module_name: str, class_name: str, method: str, response_type: str,
+             answer: Answer) -> None:
+    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    handler_cls = getattr(module, class_name)
+    stock = getattr(getattr(handler_cls, method), "__pcd_stock__", getattr(handler_cls, method))
 
     @functools.wraps(stock)
-    async def create_chat_completion(self: Any, request: Any, raw_request: Any = None) -> Any:
+    async def answered_first(self: Any, request: Any, raw_request: Any = None) -> Any:
         answered = await answer(self, request)
         if answered is None:
             return await stock(self, request, raw_request)
         status, body = answered
         if status >= 400:
             return module.ErrorResponse.model_validate(body)
-        return module.ChatCompletionResponse.model_validate(body)
+        return getattr(module, response_type).model_validate(body)
 
-    create_chat_completion.__pcd_stock__ = stock
-    handler_cls.create_chat_completion = create_chat_completion
+    answered_first.__pcd_stock__ = stock
+    setattr(handler_cls, method, answered_first)
+
+
+def install_offline_chat_hook(answer: Callable[[Any, dict[str, Any]], Any]) -> None:
+    """`LLM.chat` asks `answer(llm, arguments)` first (its arguments by name, defaults
+    filled): a list of `RequestOutput`s, or None for vLLM's own generation."""
+    import inspect
+
+    from vllm.entrypoints.llm import LLM
+
+    stock = getattr(LLM.chat, "__pcd_stock__", LLM.chat)
+    signature = inspect.signature(stock)
+
+    @functools.wraps(stock)
+    def chat(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        answered = answer(self, arguments)
+        return stock(self, *args, **kwargs) if answered is None else answered
+
+    chat.__pcd_stock__ = stock
+    LLM.chat = chat
 
 
 def refuse_stray_schema() -> None:

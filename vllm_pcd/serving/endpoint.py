@@ -2,7 +2,8 @@
 same hooks): PCD on vLLM's chat handler and the decision routes.
 
 `init_state` (the API server, and `vllm run-batch`, which builds the same state) creates the
-service and hands its chat answer (`chat`) to vLLM's chat handler (`internals.handler`):
+service and hands its chat answer (`chat`) to vLLM's chat handler, and its Responses answer
+(`responses`, structured outputs only) to vLLM's Responses handler (`internals.handler`):
 requests whose
 `chat_template_kwargs` carry a PCD key are answered by PCD on every door that calls the
 handler (the HTTP route, `/invocations`, run-batch); every other request goes, untouched, to
@@ -30,7 +31,7 @@ from vllm_pcd.core.options import Options
 from vllm_pcd.core.schema import Limits, parse_schema
 from vllm_pcd.internals import handler
 from vllm_pcd.pipeline import Call, answer_online
-from vllm_pcd.serving import chat, decision_routes
+from vllm_pcd.serving import chat, decision_routes, responses
 from vllm_pcd.serving.guard import RequestGuard
 from vllm_pcd.serving.service import PCDService, logger, profile_advice
 
@@ -71,6 +72,7 @@ class PCDEndpointPlugin:
         state.pcd = PCDService(engine_client, state, limits, structured_outputs=structured,
                                reasoning=bool(getattr(args, "reasoning_parser", None)))
         handler.install_chat_hook(functools.partial(chat.answer_chat, state.pcd))
+        handler.install_responses_hook(functools.partial(responses.answer_responses, state.pcd))
         if state.pcd.unavailable is not None:
             logger.warning("vllm-pcd answers PCD requests with 501: %s", state.pcd.unavailable)
             return

@@ -24,7 +24,7 @@ from vllm_pcd.core.assemble import object_of, to_json
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import raw_prefixes
 from vllm_pcd.core.sampling import draw_values
-from vllm_pcd.core.schema import SchemaError, SchemaSpec, parse_schema, shown
+from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema, shown
 from vllm_pcd.serving.errors import ErrorAnswer
 from vllm_pcd.serving.openai_shapes import completion, plain_messages
 from vllm_pcd.serving.service import PCDService
@@ -47,6 +47,7 @@ _NEUTRAL = {"frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
 class Constraint:
     """A structured-output request as PCD answers it: its schema and how it is posed."""
 
+    schema: dict[str, Any]  # closed, as PCD parsed it
     spec: SchemaSpec
     options: Options
     choice: bool  # the reply is the chosen value's own text, not an object
@@ -65,50 +66,52 @@ def opted_in(service: PCDService, request: Any) -> bool:
     return value
 
 
-def constraint_of(request: Any, service: PCDService, kwargs: dict[str, Any]
-                  ) -> Constraint | None:
-    """The request's finite-choice constraint, or None where vLLM's path should answer it
-    (no constraint, one PCD cannot answer exactly, or options PCD would answer otherwise).
-    `kwargs`: the template kwargs the request renders with."""
-    if any(getattr(request, name, None) for name in _STOCK_WHEN) or (request.n or 1) != 1 \
-            or getattr(request, "top_logprobs", None) or request.add_generation_prompt is False \
-            or any(getattr(request, k, None) not in v for k, v in _NEUTRAL.items()):
-        return None
-    if service.reasoning and kwargs.get("enable_thinking") is not False:
-        return None  # vLLM would let the model think before the constrained answer
-    choice, schema = _constraint(request)
+def handed_to_vllm(request: Any, service: PCDService, kwargs: dict[str, Any]) -> bool:
+    """Whether the request asks something grammar decoding answers otherwise than PCD's one
+    pass over the values (the same names on chat and Responses requests). `kwargs`: the
+    template kwargs the request renders with."""
+    return any(getattr(request, name, None) for name in _STOCK_WHEN) \
+        or (getattr(request, "n", 1) or 1) != 1 or bool(getattr(request, "top_logprobs", None)) \
+        or getattr(request, "add_generation_prompt", True) is False \
+        or any(getattr(request, k, None) not in v for k, v in _NEUTRAL.items()) \
+        or (service.reasoning and kwargs.get("enable_thinking") is not False)  # thinks first
+
+
+def constraint_of(choice: Any, schema: Any, limits: Limits) -> Constraint | None:
+    """The finite-choice constraint of a guided `choice` list or a JSON `schema`, or None where
+    PCD cannot answer it exactly."""
     try:
         if choice is not None:
             if not isinstance(choice, list) or not choice or raw_prefixes(
                     [c for c in choice if isinstance(c, str)]):
                 return None  # nothing after the reply would tell one choice from another
-            spec = parse_schema({"type": "object", "additionalProperties": False,
-                                 "required": [CHOICE_FIELD],
-                                 "properties": {CHOICE_FIELD: {"type": "string", "enum": choice}}},
-                                service.limits)
-            return Constraint(spec, Options(formulation="choice", layout="bare"), True)
-        if schema is not None:
-            return Constraint(parse_schema(schema, service.limits), Options(layout="bare"), False)
+            schema = {"type": "object", "additionalProperties": False,
+                      "required": [CHOICE_FIELD],
+                      "properties": {CHOICE_FIELD: {"type": "string", "enum": choice}}}
+            return Constraint(schema, parse_schema(schema, limits),
+                              Options(formulation="choice", layout="bare"), True)
+        if isinstance(schema, dict):
+            return Constraint(schema, parse_schema(schema, limits), Options(layout="bare"), False)
     except SchemaError:
         return None
     return None
 
 
-def _constraint(request: Any) -> tuple[Any, Any]:
-    """(choice list, JSON schema) the request constrains its reply to, either None; (None,
-    None) for any other constraint (regex, grammar, a JSON object of any shape, tags)."""
-    params = getattr(request, "structured_outputs", None)
-    extra = getattr(request, "model_extra", None) or {}
-    fmt = getattr(request, "response_format", None)
+def requested(params: Any, extra: dict[str, Any], fmt_type: str | None, fmt_schema: Any
+              ) -> tuple[Any, Any]:
+    """(choice list, JSON schema) a reply is constrained to, either None; (None, None) for any
+    other constraint (regex, grammar, a JSON object of any shape, tags). `params`: vLLM's
+    `structured_outputs`; `extra`: the body's unknown keys (legacy `guided_*`); the format's
+    type and schema (`response_format`, or the Responses API's `text.format`)."""
     others = [getattr(params, k, None) for k in ("regex", "grammar", "json_object",
                                                  "structural_tag", "whitespace_pattern")]
     if any(v not in (None, False) for v in others):
         return None, None
     choice = getattr(params, "choice", None) or extra.get("guided_choice")
     schema = getattr(params, "json", None) or extra.get("guided_json")
-    if fmt is not None and getattr(fmt, "type", None) == "json_schema":
-        schema = getattr(fmt.json_schema, "json_schema", None)
-    elif fmt is not None and getattr(fmt, "type", None) != "text":
+    if fmt_type == "json_schema":
+        schema = fmt_schema
+    elif fmt_type not in (None, "text"):
         return None, None
     if isinstance(schema, str):
         try:
@@ -116,6 +119,18 @@ def _constraint(request: Any) -> tuple[Any, Any]:
         except ValueError:
             return None, None
     return (choice, None) if choice is not None and schema is None else (None, schema)
+
+
+def chat_constraint(request: Any, service: PCDService, kwargs: dict[str, Any]
+                    ) -> Constraint | None:
+    """A chat request's finite-choice constraint, or None for vLLM's path."""
+    if handed_to_vllm(request, service, kwargs):
+        return None
+    fmt = getattr(request, "response_format", None)
+    fmt_schema = getattr(getattr(fmt, "json_schema", None), "json_schema", None)
+    return constraint_of(*requested(getattr(request, "structured_outputs", None),
+                                    getattr(request, "model_extra", None) or {},
+                                    getattr(fmt, "type", None), fmt_schema), service.limits)
 
 
 def sampling_of(service: PCDService, request: Any) -> tuple[float, float, int | None]:
@@ -128,37 +143,64 @@ def sampling_of(service: PCDService, request: Any) -> tuple[float, float, int | 
     return float(temperature), float(top_p), request.seed
 
 
+@dataclass(frozen=True)
+class Answered:
+    """The reply's text as vLLM's path would write it, with PCD's diagnostics."""
+
+    content: str
+    diagnostics: dict[str, Any]
+    decisions: int
+
+
+async def answer_value(service: PCDService, request: Any, constraint: Constraint,
+                       messages: list[dict[str, str]], kwargs: dict[str, Any],
+                       chat_template: str | None, limit: int | None, request_id: str
+                       ) -> Answered | ErrorAnswer | None:
+    """PCD's value for a structured-output request, drawn as vLLM's path would sample; None
+    where vLLM's path should answer after all (a PCD limit or a full planning queue, or a
+    value longer than `limit` tokens, which vLLM's path stops at with `length`)."""
+    result = await service.run(messages, constraint.spec, constraint.options, kwargs,
+                               chat_template=chat_template, cache_salt=request.cache_salt,
+                               request_id=request_id, mode_label="structured")
+    if isinstance(result, ErrorAnswer):
+        return None if result.status.value in (400, 429) else result
+    temperature, top_p, seed = sampling_of(service, request)
+    values = draw_values(result.fields, temperature, top_p, seed)
+    content = values[0] if constraint.choice else to_json(object_of(constraint.spec, values))
+    if limit is not None and await service.count_tokens(content) >= limit:
+        return None
+    diagnostics = result.diagnostics(service.reveals_cache)
+    diagnostics["sampling"] = {"temperature": temperature, "top_p": top_p, "seed": seed}
+    return Answered(content, diagnostics, len(constraint.spec.fields))
+
+
+def opt_in_refusal(err: SchemaError) -> tuple[int, dict[str, Any]] | None:
+    """A 400 for a junk opt-in value; None for any other error, which vLLM's path judges."""
+    if err.param.startswith(f"chat_template_kwargs.{OPT_IN}"):
+        return 400, ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err), err.param).body()
+    return None
+
+
 async def answer_structured(service: PCDService, request: Any
                             ) -> tuple[int, dict[str, Any]] | None:
-    """PCD's answer to a structured-output request as (HTTP status, OpenAI body), or None
+    """PCD's answer to a structured-output chat request as (HTTP status, OpenAI body), or None
     for vLLM's own path."""
     try:
         if not opted_in(service, request) or service.refusal(request.model) is not None:
             return None
         kwargs = service.template_kwargs(request.chat_template_kwargs)
-        constraint = constraint_of(request, service, kwargs)
+        constraint = chat_constraint(request, service, kwargs)
         if constraint is None:
             return None
         messages = plain_messages(request)
         chat_template = service.chat_template(request)
     except SchemaError as err:
-        if err.param.startswith(f"chat_template_kwargs.{OPT_IN}"):
-            return 400, ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err), err.param).body()
-        return None  # content or a template PCD does not take: vLLM's path judges it
+        return opt_in_refusal(err)
     request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
-    result = await service.run(messages, constraint.spec, constraint.options, kwargs,
-                               chat_template=chat_template, cache_salt=request.cache_salt,
-                               request_id=request_id, mode_label="structured")
-    if isinstance(result, ErrorAnswer):
-        # a PCD limit or a full planning queue: vLLM's path can still answer it
-        return None if result.status.value in (400, 429) else (result.status.value, result.body())
-    temperature, top_p, seed = sampling_of(service, request)
-    values = draw_values(result.fields, temperature, top_p, seed)
-    content = values[0] if constraint.choice else to_json(object_of(constraint.spec, values))
-    limit = request.max_completion_tokens or request.max_tokens
-    if limit is not None and await service.count_tokens(content) >= limit:
-        return None  # vLLM's path stops it at max_tokens, finish_reason "length"
-    diagnostics = result.diagnostics(service.reveals_cache)
-    diagnostics["sampling"] = {"temperature": temperature, "top_p": top_p, "seed": seed}
+    answered = await answer_value(service, request, constraint, messages, kwargs, chat_template,
+                                  request.max_completion_tokens or request.max_tokens, request_id)
+    if not isinstance(answered, Answered):
+        return None if answered is None else (answered.status.value, answered.body())
     model = request.model or service.state.openai_serving_models.model_name()
-    return 200, completion(request_id, model, content, diagnostics, len(constraint.spec.fields))
+    return 200, completion(request_id, model, answered.content, answered.diagnostics,
+                           answered.decisions)
