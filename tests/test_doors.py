@@ -210,26 +210,31 @@ def test_offline_chat_answers_a_guided_choice_by_pcd_as_greedy_decoding_would(fp
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    choices = ["billing", "technical", "shipping"]  # apart at their first token
+    choices = ["positive", "negative", "neutral"]  # one token each
+    asked = [{"role": "user", "content": "Review: I love this blender, it is the best purchase "
+              "I made all year. Is it positive, negative or neutral?"}]
     params = SamplingParams(temperature=0, max_tokens=16,
                             structured_outputs=StructuredOutputsParams(choice=choices))
     opt_in = {"pcd_structured_outputs": True}
-    pcd = fp32_llm.chat([MESSAGES, MESSAGES], params, chat_template_kwargs=opt_in)
-    stock = fp32_llm.chat(MESSAGES, params)
+    pcd = fp32_llm.chat([asked, MESSAGES], params, chat_template_kwargs=opt_in)
+    stock = fp32_llm.chat([asked, MESSAGES], params)
     assert len(pcd) == 2 and all(hasattr(out, "pcd") for out in pcd)
     assert not hasattr(stock[0], "pcd")
-    assert pcd[0].outputs[0].text == pcd[1].outputs[0].text == stock[0].outputs[0].text
+    # On a clear case greedy grammar decoding's first token is PCD's best value (elsewhere it
+    # may pick a shorter prefix token, such as "ne", that PCD does not score).
+    assert pcd[0].outputs[0].text == stock[0].outputs[0].text == "positive"
+    assert pcd[1].outputs[0].text in choices
     assert pcd[0].outputs[0].finish_reason == "stop" and pcd[0].outputs[0].token_ids
     schema = {"type": "object", "additionalProperties": False, "required": ["topic"],
               "properties": {"topic": {"enum": choices}}}
     as_json = SamplingParams(temperature=0, max_tokens=32,
                              structured_outputs=StructuredOutputsParams(json=schema))
-    obj = json.loads(fp32_llm.chat(MESSAGES, as_json, chat_template_kwargs=opt_in)[0]
-                     .outputs[0].text)
-    assert obj == {"topic": pcd[0].outputs[0].text}
+    answered = fp32_llm.chat(asked, as_json, chat_template_kwargs=opt_in)[0]
+    assert hasattr(answered, "pcd") and json.loads(answered.outputs[0].text) in \
+        [{"topic": choice} for choice in choices]
     logprobs = SamplingParams(temperature=0, max_tokens=16, logprobs=1,
                               structured_outputs=StructuredOutputsParams(choice=choices))
-    handed = fp32_llm.chat(MESSAGES, logprobs, chat_template_kwargs=opt_in)
+    handed = fp32_llm.chat(asked, logprobs, chat_template_kwargs=opt_in)
     assert not hasattr(handed[0], "pcd") and handed[0].outputs[0].logprobs
     with pytest.raises(ValueError, match="pcd_structured_outputs"):
         fp32_llm.chat(MESSAGES, params, chat_template_kwargs={"pcd_structured_outputs": "yes"})
