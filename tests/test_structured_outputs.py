@@ -109,29 +109,31 @@ def test_sdk_parse_with_a_pydantic_model_gets_its_typed_object(api):
 
 
 def test_a_response_format_schema_of_finite_fields_is_answered_compactly(api):
-    fmt = {"type": "json_schema",
-           "json_schema": {"name": "review", "schema": REVIEW_JSON_SCHEMA, "strict": True}}
-    pcd = ask(api, response_format=fmt)
-    assert pcd_of(pcd) is not None
+    single = {**REVIEW_JSON_SCHEMA, "required": ["sentiment", "stars"],
+              "properties": {k: REVIEW_JSON_SCHEMA["properties"][k] for k in ("sentiment", "stars")}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": single,
+                                                  "strict": True}}
+    pcd, stock = ask(api, response_format=fmt), ask(api, STOCK, response_format=fmt)
+    assert pcd_of(pcd) is not None and pcd_of(stock) is None
     content = pcd.choices[0].message.content
     obj = json.loads(content)
     assert content == json.dumps(obj, separators=(",", ":"))
-    assert list(obj) == ["sentiment", "stars", "topics"]
-    assert obj["stars"] in range(1, 6) and set(obj["topics"]) <= {"price", "quality", "delivery"}
-    fields = pcd_of(pcd)["fields"]
-    assert set(fields) >= {"topics.price", "topics.quality", "topics.delivery"}
-    # vLLM's xgrammar backend cannot enforce uniqueItems: the label set is PCD's alone. (0.24's
-    # check may raise past its handler and break the client's pooled connection: not asked there.)
-    if vllm_version() != "0.24.0":
-        with pytest.raises(openai.BadRequestError):
-            ask(api, STOCK, response_format=fmt, max_tokens=200)
-    single = {**REVIEW_JSON_SCHEMA, "required": ["sentiment", "stars"],
-              "properties": {k: REVIEW_JSON_SCHEMA["properties"][k] for k in ("sentiment", "stars")}}
-    fmt["json_schema"]["schema"] = single
-    pcd, stock = ask(api, response_format=fmt), ask(api, STOCK, response_format=fmt)
-    assert pcd_of(pcd) is not None and pcd_of(stock) is None
-    assert list(json.loads(stock.choices[0].message.content)) == \
-        list(json.loads(pcd.choices[0].message.content))  # the same shape on vLLM's path
+    assert list(obj) == ["sentiment", "stars"] and obj["stars"] in range(1, 6)
+    assert list(json.loads(stock.choices[0].message.content)) == list(obj)  # vLLM's shape too
+
+
+def test_a_label_set_schema_goes_to_vllm_as_its_list_prompt_reads_worse_by_pcd(api):
+    """The client's prompt asks for a list; PCD's one yes/no branch per label does not continue
+    it (measured worse than grammar decoding), so vLLM's path answers, as stock: its xgrammar
+    backend refuses `uniqueItems` with a 400. (0.24's refusal may raise past its handler and
+    break the client's pooled connection: not asked there.)"""
+    if vllm_version() == "0.24.0":
+        pytest.skip("vLLM 0.24's own uniqueItems refusal escapes its handler")
+    fmt = {"type": "json_schema",
+           "json_schema": {"name": "review", "schema": REVIEW_JSON_SCHEMA, "strict": True}}
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(api, response_format=fmt, max_tokens=200)
+    assert "pcd" not in str(info.value)
 
 
 @pytest.mark.parametrize("change", [

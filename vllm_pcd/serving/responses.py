@@ -109,7 +109,7 @@ def _response(handler: Any, request: Any, answered: Answered) -> dict[str, Any]:
     response = ResponsesResponse.from_request(
         request, sampling, model_name=request.model or handler.models.model_name(),
         created_time=int(time.time()), output=[message], status="completed")
-    body = response.model_dump(mode="json", exclude_none=True)
+    body = response.model_dump(mode="json", exclude_none=True, by_alias=True)
     cached = tokens["ideal"] - min(tokens["ideal"], tokens.get("computed", tokens["ideal"]))
     body["usage"] = {"input_tokens": tokens["ideal"], "output_tokens": answered.decisions,
                      "total_tokens": tokens["ideal"] + answered.decisions,
