@@ -18,7 +18,7 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
     tests/test_reliability.py tests/test_faults.py tests/test_decisions.py
     tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py
     tests/test_neighbours.py tests/test_planning_bounds.py tests/test_structured_outputs.py
-    tests/test_cow.py"
+    tests/test_cow.py tests/test_responses_api.py"
 else
   venv=${PCD_VENV:-$repo/.venv}
   default_tests=tests
