@@ -18,9 +18,9 @@ from vllm.outputs import CompletionOutput, RequestOutput
 
 from vllm_pcd.core.assemble import object_of, to_json
 from vllm_pcd.core.sampling import draw_values
-from vllm_pcd.core.schema import Limits, SchemaError, shown
+from vllm_pcd.core.schema import Limits, SchemaError
 from vllm_pcd.pipeline import constrained
-from vllm_pcd.serving.structured import OPT_IN, Constraint, constraint_of, requested
+from vllm_pcd.serving.structured import Constraint, constraint_of, own_choice, requested
 
 # Sampling parameters and the values at which they leave a one-pass choice unchanged.
 _NEUTRAL = {"n": (1,), "logprobs": (None,), "prompt_logprobs": (None,), "stop": (None, []),
@@ -35,14 +35,10 @@ _CALL_NEUTRAL = {"lora_request": None, "chat_template": None, "tools": None,
 
 
 def _opted_in(llm: Any, kwargs: dict[str, Any]) -> bool:
-    """The call's own choice (taken out of the template kwargs), else the engine's option."""
-    if OPT_IN in kwargs:
-        value = kwargs.pop(OPT_IN)
-        if not isinstance(value, bool):
-            raise SchemaError(f"chat_template_kwargs.{OPT_IN} must be a boolean, got "
-                              f"{shown(value)}", param=f"chat_template_kwargs.{OPT_IN}",
-                              rule="structured_outputs")
-        return value
+    """The call's own choice (taken out of its template kwargs), else the engine's option."""
+    own = own_choice(kwargs)
+    if own is not None:
+        return own
     extra = llm.llm_engine.vllm_config.additional_config or {}
     return (extra.get("pcd") or {}).get("structured_outputs", False) is True
 
@@ -63,7 +59,8 @@ def _conversations(messages: Any) -> list[list[dict[str, str]]] | None:
     return out
 
 
-def _constraint(llm: Any, sampling: Any) -> Constraint | None:
+def _constraint(sampling: Any) -> Constraint | None:
+    """The call's finite-choice constraint, or None where its sampling asks more of vLLM."""
     if sampling is None or isinstance(sampling, (list, tuple)) \
             or any(getattr(sampling, k, None) not in v for k, v in _NEUTRAL.items()):
         return None
@@ -82,7 +79,7 @@ def answer_offline_chat(llm: Any, arguments: dict[str, Any]) -> list[RequestOutp
     if kwargs.get("enable_thinking") is True:
         return None  # the model would think before its constrained answer
     sampling = arguments.get("sampling_params")
-    constraint = _constraint(llm, sampling)
+    constraint = _constraint(sampling)
     conversations = _conversations(arguments["messages"]) if constraint is not None else None
     if conversations is None:
         return None

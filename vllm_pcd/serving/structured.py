@@ -53,17 +53,22 @@ class Constraint:
     choice: bool  # the reply is the chosen value's own text, not an object
 
 
-def opted_in(service: PCDService, request: Any) -> bool:
-    """The request's own choice, else the server's; the key is taken out of the template
-    kwargs either way, so vLLM's path renders the request as the client meant it."""
-    kwargs = request.chat_template_kwargs or {}
+def own_choice(kwargs: dict[str, Any]) -> bool | None:
+    """The request's own opt-in (True) or opt-out (False), None where it makes none. The key
+    is taken out of `kwargs`, so vLLM's path renders the request as the client meant it."""
     if OPT_IN not in kwargs:
-        return service.structured_outputs
+        return None
     value = kwargs.pop(OPT_IN)
     if not isinstance(value, bool):
         raise SchemaError(f"chat_template_kwargs.{OPT_IN} must be a boolean, got {shown(value)}",
                           param=f"chat_template_kwargs.{OPT_IN}", rule="structured_outputs")
     return value
+
+
+def opted_in(service: PCDService, request: Any) -> bool:
+    """The request's own choice, else the server's."""
+    own = own_choice(request.chat_template_kwargs or {})
+    return service.structured_outputs if own is None else own
 
 
 def handed_to_vllm(request: Any, service: PCDService, kwargs: dict[str, Any]) -> bool:
