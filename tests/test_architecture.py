@@ -18,7 +18,7 @@ FLOORS = (
     ("vllm_pcd.engine",),
     ("vllm_pcd.pipeline",),
     ("vllm_pcd.serving",),
-    ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd.calibrate", "vllm_pcd"),
+    ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd.calibrate", "vllm_pcd.targets", "vllm_pcd"),
 )
 # What the pure core may import besides itself and the standard library.
 CORE_THIRD_PARTY = {"jsonschema"}

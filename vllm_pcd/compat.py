@@ -39,15 +39,38 @@ def adapter_name() -> str:
     return ADAPTERS[check_vllm_version()]
 
 
+# Every vLLM function a patch replaces or calls through, as `require_methods` checked it:
+# (defining module, qualified name) → (patch, parameters as (name, kind) pairs). The wheel
+# check (`vllm_pcd.targets`) compares another vLLM's sources against it.
+PATCH_TARGETS: dict[tuple[str, str], tuple[str, tuple[tuple[str, str], ...]]] = {}
+
+
 def require_methods(target: object, *names: str, patch: str) -> None:
     """A patch's targets (methods of a class, or functions of a module) must exist as written
-    for: refuse loudly instead of degrading."""
+    for: refuse loudly instead of degrading. Each is recorded in PATCH_TARGETS."""
     missing = [n for n in names if not callable(getattr(target, n, None))]
     if missing:
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", target)
         raise UnsupportedVLLMVersion(
             f"vllm-pcd {patch}: {name} lacks {missing}; this vLLM is not the one the patch "
             "was written for")
+    for name in names:
+        PATCH_TARGETS.setdefault(_where(target, name), (patch, parameters(getattr(target, name))))
+
+
+def _where(target: object, name: str) -> tuple[str, str]:
+    """(module, qualified name) of the class in `target`'s MRO, or the module, defining it."""
+    for owner in getattr(target, "__mro__", ()):
+        if name in vars(owner):
+            return owner.__module__, f"{owner.__qualname__}.{name}"
+    return getattr(target, "__name__", str(target)), name
+
+
+def parameters(function: object) -> tuple[tuple[str, str], ...]:
+    """A function's parameters as (name, kind), kinds as `inspect.Parameter` names them."""
+    import inspect
+
+    return tuple((p.name, p.kind.name) for p in inspect.signature(function).parameters.values())
 
 
 def main(argv: list[str]) -> int:

@@ -19,10 +19,13 @@ import functools
 import sys
 from typing import Any, Awaitable, Callable
 
+from vllm_pcd.compat import require_methods
 from vllm_pcd.internals.errors import client_error
 
 CHAT_SERVING = "vllm.entrypoints.openai.chat_completion.serving"
 RESPONSES_SERVING = "vllm.entrypoints.openai.responses.serving"
+_HOOKS = ((CHAT_SERVING, "OpenAIServingChat", "create_chat_completion"),
+          (RESPONSES_SERVING, "OpenAIServingResponses", "create_responses"))
 SCHEMA_KEY = "pcd_schema"
 STRAY_SCHEMA = ("chat_template_kwargs.pcd_schema is answered by vllm-pcd on /v1/chat/completions "
                 "(also through /invocations and vllm run-batch) and on the offline "
@@ -44,10 +47,22 @@ def install_responses_hook(answer: Answer) -> None:
              "ResponsesResponse", answer)
 
 
+def require_hooks() -> None:
+    """Check (and record as patch targets) every handler a door answers at, without
+    installing anything; their modules are imported only where this or an install runs."""
+    from vllm.entrypoints.llm import LLM
+
+    require_methods(LLM, "chat", patch="handler")
+    for module_name, class_name, method in _HOOKS:
+        module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+        require_methods(getattr(module, class_name), method, patch="handler")
+
+
 def _install(module_name: str, class_name: str, method: str, response_type: str,
              answer: Answer) -> None:
     module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
     handler_cls = getattr(module, class_name)
+    require_methods(handler_cls, method, patch="handler")
     stock = getattr(getattr(handler_cls, method), "__pcd_stock__", getattr(handler_cls, method))
 
     @functools.wraps(stock)
@@ -71,6 +86,7 @@ def install_offline_chat_hook(answer: Callable[[Any, dict[str, Any]], Any]) -> N
 
     from vllm.entrypoints.llm import LLM
 
+    require_methods(LLM, "chat", patch="handler")
     stock = getattr(LLM.chat, "__pcd_stock__", LLM.chat)
     signature = inspect.signature(stock)
 
@@ -91,6 +107,7 @@ def refuse_stray_schema() -> None:
     """Every chat vLLM renders itself is checked as its parameters are built."""
     from vllm.renderers.params import ChatParams
 
+    require_methods(ChatParams, "__init__", patch="handler")
     init = getattr(ChatParams.__init__, "__pcd_stock__", ChatParams.__init__)
 
     @functools.wraps(init)
