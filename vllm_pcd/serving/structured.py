@@ -100,7 +100,8 @@ def constraint_of(choice: Any, schema: Any, limits: Limits) -> Constraint | None
             if any(f.member for f in spec.fields):
                 # The client's prompt asks for a list, which one yes/no branch per label
                 # (`{"topics": {"sport":`) does not continue: measured worse than grammar
-                # decoding there (README, "Label sets"), so vLLM's path answers.
+                # decoding there (README, "Accuracy, structured outputs and label sets"), so
+                # vLLM's path answers.
                 return None
             return Constraint(schema, spec, Options(layout="bare"), False)
     except SchemaError:
