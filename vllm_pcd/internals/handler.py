@@ -3,7 +3,7 @@
 `OpenAIServingChat.create_chat_completion` is what the HTTP route, SageMaker's
 `/invocations`, `vllm run-batch`, and the chat-based routes built on it (Anthropic's
 `/v1/messages`) call; `OpenAIServingResponses.create_responses` is the Responses API's
-(`/v1/responses`, and `/invocations` for a Responses body). Wrapping it there, instead of replacing one HTTP route, gives all of
+(`/v1/responses`; `/invocations` takes chat and completion bodies only). Wrapping it there, instead of replacing one HTTP route, gives all of
 them PCD's answer for a body whose `chat_template_kwargs` carry a PCD key, as vLLM's own
 response types (`ChatCompletionResponse`, or `ErrorResponse` with its status).
 
