@@ -26,13 +26,14 @@ def _interval(a: list[Case], b: list[Case], exact: bool) -> str:
 
 
 def compare(run_a: dict, method_a: str, run_b: dict, method_b: str) -> list[str]:
-    if run_a["limit"] != run_b["limit"]:
-        raise SystemExit("the runs drew different numbers of cases (--limit)")
+    if (run_a["limit"], run_a.get("sample")) != (run_b["limit"], run_b.get("sample")):
+        raise SystemExit("the runs drew different cases (--limit or --sample)")
+    balanced = run_a.get("sample") == "balanced"
     lines, pooled_a, pooled_b = [], [], []
     for task in run_a["tasks"]:
         if task not in run_b["tasks"]:
             continue
-        cases = load(task, run_a["limit"])
+        cases = load(task, run_a["limit"], balanced=balanced)
         answers_a = run_a["tasks"][task]["answers"][method_a]
         answers_b = run_b["tasks"][task]["answers"][method_b]
         a = [Case(c["schema"], c["expected"], answers_a.get(c["id"])) for c in cases]
