@@ -16,11 +16,10 @@ from typing import Any
 
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from vllm_pcd.core.assemble import object_of, to_json
-from vllm_pcd.core.sampling import draw_values
 from vllm_pcd.core.schema import Limits, SchemaError
 from vllm_pcd.pipeline import constrained
-from vllm_pcd.serving.structured import Constraint, constraint_of, own_choice, requested
+from vllm_pcd.serving.structured import (Constraint, constraint_of, own_choice, reply_text,
+                                         requested)
 
 # Sampling parameters and the values at which they leave a one-pass choice unchanged.
 _NEUTRAL = {"n": (1,), "logprobs": (None,), "prompt_logprobs": (None,), "stop": (None, []),
@@ -91,8 +90,8 @@ def answer_offline_chat(llm: Any, arguments: dict[str, Any]) -> list[RequestOutp
     tokenizer = llm.get_tokenizer()
     outputs = []
     for result in results:
-        values = draw_values(result.fields, sampling.temperature, sampling.top_p, sampling.seed)
-        text = values[0] if constraint.choice else to_json(object_of(constraint.spec, values))
+        text = reply_text(constraint, result.fields, sampling.temperature, sampling.top_p,
+                          sampling.seed)
         token_ids = tokenizer.encode(text, add_special_tokens=False)
         if sampling.max_tokens is not None and len(token_ids) >= sampling.max_tokens:
             return None  # vLLM's path stops it at max_tokens

@@ -155,6 +155,13 @@ def sampling_of(service: PCDService, request: Any) -> tuple[float, float, int | 
     return float(temperature), float(top_p), request.seed
 
 
+def reply_text(constraint: Constraint, fields: Any, temperature: float, top_p: float,
+               seed: int | None) -> str:
+    """The reply as vLLM's path writes it: the drawn choice's text, or the compact object."""
+    values = draw_values(fields, temperature, top_p, seed)
+    return values[0] if constraint.choice else to_json(object_of(constraint.spec, values))
+
+
 @dataclass(frozen=True)
 class Answered:
     """The reply's text as vLLM's path would write it, with PCD's diagnostics."""
@@ -177,8 +184,7 @@ async def answer_value(service: PCDService, request: Any, constraint: Constraint
     if isinstance(result, ErrorAnswer):
         return None if result.status.value in (400, 429) else result
     temperature, top_p, seed = sampling_of(service, request)
-    values = draw_values(result.fields, temperature, top_p, seed)
-    content = values[0] if constraint.choice else to_json(object_of(constraint.spec, values))
+    content = reply_text(constraint, result.fields, temperature, top_p, seed)
     if limit is not None and await service.count_tokens(content) >= limit:
         return None
     diagnostics = result.diagnostics(service.reveals_cache)
