@@ -11,7 +11,9 @@
 4. where vLLM is installed (and `--model`, default the provisioned SmolLM2, exists): serves
    `VLLM_PLUGINS=pcd vllm serve` on vLLM's default runner choice and checks that a PCD
    answer's measured diagnostics say its requests were restricted on the triton route (PCD
-   asks vLLM for the V1 runner on GPUs: vllm_pcd/internals/runner.py);
+   asks vLLM for the V1 runner on GPUs: vllm_pcd/internals/runner.py), and that an 8-field
+   call over a long context computes exactly its ideal tokens (the fork); on whichever
+   supported vLLM is installed, so a GPU host with 0.33 runs its adapter's served path;
 then one summary line. Exits 0 when every check that could run passed, 1 when one failed, 2
 when there is no CUDA device.
 """
@@ -110,26 +112,45 @@ def timings(dev) -> None:
 
 
 def check_served(model: Path) -> bool | None:
-    """A PCD request on a real GPU server; None when vLLM or the model is not here."""
+    """PCD requests on a real GPU server, on the vLLM installed (the adapter `compat` picks
+    for it, 0.33's included): restricted on the Triton route, and forked exactly (a long
+    shared context, fresh cache salt: the tokens computed equal the ideal). None when vLLM or
+    the model is not here."""
     if importlib.util.find_spec("vllm") is None or not (model / "config.json").exists():
         print(f"served check skipped: needs vLLM installed and a model at {model}")
         return None
     import httpx
 
+    from vllm_pcd.compat import adapter_name, vllm_version
     from vllm_pcd.launch import serve
 
+    print(f"served check: vLLM {vllm_version()}, adapter {adapter_name()}")
     schema = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
               "properties": {"a": {"enum": ["x", "y", "z"]}, "b": {"type": "boolean"}}}
-    with serve(model, args=["--max-model-len", "2048"], log_path="gpu-serve.log") as url:
+    many = {"type": "object", "additionalProperties": False,
+            "required": [f"f{i}" for i in range(8)],
+            "properties": {f"f{i}": {"type": "boolean"} for i in range(8)}}
+    text = " ".join(f"Sentence {i} of a long shared document about item {i % 7}."
+                    for i in range(60))
+    # the computed tokens are shown only where vLLM reveals cache hits
+    with serve(model, args=["--max-model-len", "4096", "--enable-prompt-tokens-details"],
+               log_path="gpu-serve.log") as url:
         name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        body = {"model": name, "messages": [{"role": "user", "content": "Pick one."}],
-                "chat_template_kwargs": {"pcd_schema": schema, "pcd_formulation": "codes"}}
-        projection = httpx.post(url + "/v1/chat/completions", json=body,
-                                timeout=300).json()["pcd"]["projection"]
-    passed = (projection["route"] == "triton" and projection["restricted_requests"] == 2
-              and projection["fallbacks"] == 0)
-    print(f"served PCD request: projection {projection} {'ok' if passed else 'FAIL'}")
-    return passed
+
+        def pcd(message: str, fields: dict, **kwargs: str) -> dict:
+            body = {"model": name, "messages": [{"role": "user", "content": message}],
+                    "chat_template_kwargs": {"pcd_schema": fields, **kwargs},
+                    "cache_salt": f"gpu-check-{time.time_ns()}"}
+            return httpx.post(url + "/v1/chat/completions", json=body, timeout=300).json()["pcd"]
+
+        projection = pcd("Pick one.", schema, pcd_formulation="codes")["projection"]
+        tokens = pcd(text, many)["tokens"]
+    restricted = (projection["route"] == "triton" and projection["restricted_requests"] == 2
+                  and projection["fallbacks"] == 0)
+    forked = tokens["computed"] == tokens["ideal"]
+    print(f"served PCD request: projection {projection} {'ok' if restricted else 'FAIL'}")
+    print(f"served fork, 8 fields: tokens {tokens} {'ok' if forked else 'FAIL'}")
+    return restricted and forked
 
 
 def main(argv: list[str] | None = None) -> int:

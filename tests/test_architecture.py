@@ -2,6 +2,7 @@
 circles, a pure core, and version code only where versions are told apart."""
 
 import ast
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -119,9 +120,6 @@ def test_each_supported_version_has_an_adapter_with_the_whole_interface():
     members = {n for n in vars(VersionAdapter) if not n.startswith("_")} \
         | set(VersionAdapter.__annotations__)
     for package in compat.ADAPTERS.values():
-        source = (ROOT / "vllm_pcd" / "internals" / package / "__init__.py").read_text()
-        defined = {node.name for node in ast.parse(source).body
-                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | {
-            t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
-            for t in node.targets if isinstance(t, ast.Name)}
-        assert members <= defined, (package, members - defined)
+        # Adapters import nothing from vLLM at module level, so this runs on any vLLM.
+        module = importlib.import_module(f"vllm_pcd.internals.{package}")
+        assert not [m for m in members if not hasattr(module, m)], package

@@ -14,6 +14,7 @@ REQUIRED = ("repository", "commit", "ref", "version", "tested_here", "note")
 HEX40 = re.compile(r"[0-9a-f]{40}")
 ABBREV = re.compile(r"[0-9a-f]{7,39}")
 ARM_NOTE = "needs an Arm FlagOS host"
+GPU_NOTE = "needs a CUDA GPU host"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_only_what_is_installed_here_is_marked_tested(sources):
     assert tested == {"vllm", "vllm-0.24", "triton"}
     for name, entry in sources.items():
         if not entry["tested_here"]:
-            assert ARM_NOTE in entry["note"], name
+            assert ARM_NOTE in entry["note"] or GPU_NOTE in entry["note"], name
 
 
 def test_patch_paths_exist(sources):
@@ -72,7 +73,7 @@ def test_patch_paths_exist(sources):
 
 
 def test_lock_matches_the_installed_supported_vllm(sources):
-    locked = {sources[k]["version"]: sources[k] for k in ("vllm", "vllm-0.24")}
+    locked = {sources[k]["version"]: sources[k] for k in ("vllm", "vllm-0.24", "vllm-0.33")}
     assert set(locked) == set(compat.SUPPORTED_VLLM_VERSIONS)
     entry = locked[compat.vllm_version()]
     assert entry["repository"] == "https://github.com/vllm-project/vllm"

@@ -70,3 +70,73 @@ def test_a_dataclass_init_is_read_from_its_fields():
     assert targets.find(source, "P.__init__") == (
         ("self", "POSITIONAL_OR_KEYWORD"), ("a", "KEYWORD_ONLY"), ("c", "KEYWORD_ONLY"))
     assert targets.find(source, "P.other") is None
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """Every Python source of the installed vLLM, laid out as a wheel."""
+    import vllm
+
+    root = Path(vllm.__file__).parent
+    path = tmp_path_factory.mktemp("wheel") / "installed.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for source in root.rglob("*.py"):
+            archive.writestr(str(source.relative_to(root.parent)), source.read_text())
+    return path
+
+
+def test_every_vllm_name_pcd_imports_is_in_the_installed_sources(installed_wheel):
+    from vllm_pcd.compat import adapter_name
+
+    rows = targets.compare_imports(installed_wheel, targets.imported(adapter_name()))
+    assert len(rows) > 30
+    assert [r for r in rows if r[2] != "same"] == []
+    # through a star import (vllm.distributed re-exports parallel_state's names)
+    assert ("import", "vllm.distributed.tensor_model_parallel_all_reduce", "same",
+            "vllm_pcd/internals/lm_head.py") in rows
+
+
+def test_a_missing_module_or_name_is_reported(installed_wheel):
+    rows = targets.compare_imports(installed_wheel, {
+        ("vllm.v1.core.kv_cache_utils", "hash_block_tokens_renamed"): "a.py",
+        ("vllm.no_such_module", "x"): "b.py", ("vllm.v1.core", "kv_cache_utils"): "c.py"})
+    assert [r[2] for r in rows] == ["missing", "same", "missing"]
+
+
+def test_each_adapter_brings_its_own_imports_and_those_it_builds_on():
+    on_033 = {m for m, _ in targets.imported("v0_33")}
+    on_024 = {m for m, _ in targets.imported("v0_24")}
+    assert "vllm.exceptions" in on_033  # the 0.32 adapter's, which 0.33's re-exports
+    assert "vllm.entrypoints.serve.utils.error_response" in on_024 - on_033
+
+
+def test_the_wheels_adapter_states_where_its_targets_differ(recorded, tmp_path):
+    key = ("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks")
+    for version, names in (("0.32.0", ("self", "request")),
+                           ("0.33.0", ("self", "request", "max_cache_hit_length"))):
+        got = targets.expected(tmp_path / f"vllm-{version}-cp38-abi3-any.whl", recorded)
+        assert tuple(n for n, _ in got[key][1]) == names
+        assert {k: v for k, v in got.items() if k != key} == \
+            {k: v for k, v in recorded.items() if k != key}
+
+
+def test_the_033_lookup_passes_the_schedulers_limit_to_the_extended_hit():
+    from types import SimpleNamespace
+
+    from vllm_pcd.internals import v0_33
+
+    seen = []
+
+    def stock(manager, request, max_cache_hit_length=None):
+        seen.append(max_cache_hit_length)
+        return "blocks", 128, 7
+
+    def extend(manager, request, blocks, hit, limit):
+        seen.append(limit)
+        return blocks + "+tail", hit + 5
+
+    lookup = v0_33.lookup_with(stock, extend)
+    request = SimpleNamespace(num_tokens=300)
+    assert lookup(None, request) == ("blocks+tail", 133, 7)
+    assert lookup(None, request, 200) == ("blocks+tail", 133, 7)
+    assert seen == [None, 299, 200, 200]

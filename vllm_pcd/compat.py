@@ -10,7 +10,8 @@ import sys
 
 # Each supported version and its adapter, `vllm_pcd.internals.<adapter>`: the one place that
 # knows what differs between them (`vllm_pcd.internals.version.VersionAdapter`).
-ADAPTERS = {"0.24.0": "v0_24", "0.32.0": "v0_32"}
+# 0.33 is written from its wheel's sources only: no CPU build of it exists (README).
+ADAPTERS = {"0.24.0": "v0_24", "0.32.0": "v0_32", "0.33.0": "v0_33"}
 SUPPORTED_VLLM_VERSIONS = tuple(ADAPTERS)
 
 

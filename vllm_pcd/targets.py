@@ -7,19 +7,25 @@ PCD's patches would find their targets there is a question about source text. Th
 PCD's patches to the installed, supported vLLM, which records every function they replace or
 call through with its parameters (`compat.PATCH_TARGETS`), then finds each one in the wheel's
 sources by parsing them (`ast`: nothing is imported) and compares the parameters: `same`,
-`changed` (both lists shown), or `missing`. It says nothing about behaviour: a function with
-the same parameters may do something else.
+`changed` (both lists shown), or `missing`. Where `compat` has an adapter for the wheel's
+version, the parameters it expects (its `TARGET_PARAMETERS`) replace the recorded ones. Every
+name PCD imports from vLLM (outside other versions' adapters) must be defined there too. It
+says nothing about behaviour: a function with the same parameters may do something else.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import re
 import sys
 import zipfile
 from pathlib import Path
 
-from vllm_pcd.compat import PATCH_TARGETS
+from vllm_pcd.compat import ADAPTERS, PATCH_TARGETS
+
+PACKAGE = Path(__file__).resolve().parent
 
 Parameters = tuple[tuple[str, str], ...]
 
@@ -33,6 +39,17 @@ def recorded() -> dict[tuple[str, str], tuple[str, Parameters]]:
     handler.require_hooks()
     return {(module, name): found for (module, name), found in PATCH_TARGETS.items()
             if module.split(".")[0] == "vllm"}  # not what other code checked in this process
+
+
+def expected(wheel: Path, targets: dict[tuple[str, str], tuple[str, Parameters]]
+             ) -> dict[tuple[str, str], tuple[str, Parameters]]:
+    """The targets as the adapter for the wheel's version expects them (where it has one)."""
+    name = _adapter_for(wheel)
+    if name is None:
+        return targets
+    changes = getattr(importlib.import_module(f"vllm_pcd.internals.{name}"),
+                      "TARGET_PARAMETERS", {})
+    return {key: (patch, changes.get(key, found)) for key, (patch, found) in targets.items()}
 
 
 def _ast_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Parameters:
@@ -102,6 +119,87 @@ def compare(wheel: Path, targets: dict[tuple[str, str], tuple[str, Parameters]]
     return rows
 
 
+def imported(adapter: str | None) -> dict[tuple[str, str | None], str]:
+    """(vLLM module, name or None for a plain import) → the first PCD file importing it. The
+    version adapters are left out but `adapter` and the adapters it builds on."""
+    versions = re.compile(r"v\d+_\d+")
+    sources = {p: ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+    wanted = {adapter} if adapter else set()
+    for path, tree in sources.items():
+        if path.parent.name == adapter:
+            wanted |= {n.module.split(".")[-1] for n in ast.walk(tree)
+                       if isinstance(n, ast.ImportFrom) and n.module
+                       and n.module.startswith("vllm_pcd.internals.v")}
+    found: dict[tuple[str, str | None], str] = {}
+    for path, tree in sources.items():
+        if versions.fullmatch(path.parent.name) and path.parent.name not in wanted:
+            continue
+        where = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level \
+                    and (node.module or "").split(".")[0] == "vllm":
+                for alias in node.names:
+                    found.setdefault((node.module, alias.name), where)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "vllm":
+                        found.setdefault((alias.name, None), where)
+    return found
+
+
+def _module_source(names: set[str], archive: zipfile.ZipFile, module: str) -> str | None:
+    for path in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
+        if path in names:
+            return archive.read(path).decode()
+    return None
+
+
+def defines(names: set[str], archive: zipfile.ZipFile, module: str, name: str | None,
+            depth: int = 0) -> bool:
+    """Whether the wheel's `module` exists and binds `name` (a definition, an assignment, an
+    import, a submodule, or through a star import)."""
+    source = _module_source(names, archive, module)
+    if source is None or name is None:
+        return source is not None
+    if _module_source(names, archive, f"{module}.{name}") is not None:
+        return True
+    package = module if f"{module.replace('.', '/')}/__init__.py" in names \
+        else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and node.name == name:
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and name in {
+                t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+                if isinstance(t, ast.Name)}:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return True
+            if isinstance(node, ast.ImportFrom) and node.names[0].name == "*" and depth < 3:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = node.module if not node.level else \
+                    ".".join(p for p in (base, node.module) if p)
+                if defines(names, archive, target, name, depth + 1):
+                    return True
+    return False
+
+
+def compare_imports(wheel: Path, wanted: dict[tuple[str, str | None], str]
+                    ) -> list[tuple[str, str, str, str]]:
+    """('import', name, verdict, importing file) for every vLLM name PCD imports."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        return [("import", f"{module}.{name}" if name else module,
+                 "same" if defines(names, archive, module, name) else "missing", where)
+                for (module, name), where in sorted(wanted.items(), key=str)]
+
+
+def _adapter_for(wheel: Path) -> str | None:
+    match = re.match(r"vllm-([^-]+)-", wheel.name)
+    return ADAPTERS.get(match.group(1).split("+")[0]) if match else None
+
+
 def _shown(parameters: Parameters) -> str:
     marks = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
     return ", ".join(marks.get(kind, "") + name for name, kind in parameters)
@@ -114,9 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import vllm
 
-    rows = compare(args.wheel, recorded())
-    print(f"PCD's patch targets, vLLM {vllm.__version__} (installed) against {args.wheel.name}")
-    print("| patch | target | verdict | parameters: installed → wheel |\n|---|---|---|---|")
+    adapter = _adapter_for(args.wheel)
+    rows = compare(args.wheel, expected(args.wheel, recorded()))
+    rows += compare_imports(args.wheel, imported(adapter))
+    print(f"PCD's patch targets and vLLM imports, as recorded on vLLM {vllm.__version__} "
+          f"(installed) and expected by the adapter {adapter or '(none: an unknown version)'}, "
+          f"against {args.wheel.name}")
+    print("| patch | target | verdict | parameters expected → wheel, or where imported |\n"
+          "|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     differing = [r for r in rows if r[2] != "same"]

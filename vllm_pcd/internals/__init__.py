@@ -15,7 +15,7 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
   endpoint plugins, to the API server.
 - `errors`: which engine errors are the client's.
 - `version`: what differs between the supported vLLMs, one package per version (`v0_24`,
-  `v0_32`) behind one interface, chosen once from `compat`.
+  `v0_32`, `v0_33`) behind one interface, chosen once from `compat`.
 """
 
 from __future__ import annotations

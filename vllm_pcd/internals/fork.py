@@ -106,13 +106,15 @@ def _fork_of(manager: Any) -> Fork | None:
     return getattr(manager, "pcd_fork", None)
 
 
-def _extend_hit(manager: Any, request: Any, blocks: Any, hit: int) -> tuple[Any, int]:
-    """The ordinary hit plus the longest cached partial tail block it reaches."""
+def _extend_hit(manager: Any, request: Any, blocks: Any, hit: int, limit: int
+                ) -> tuple[Any, int]:
+    """The ordinary hit plus the longest cached partial tail block it reaches, up to `limit`
+    tokens (the longest hit the scheduler allows)."""
     fork = _fork_of(manager)
     if fork is None or not adapter().lookup_allowed(manager, request):
         return blocks, hit
     for n in fork.boundaries(request):
-        if hit != n - n % fork.block_size or n >= request.num_tokens:
+        if hit != n - n % fork.block_size or n > limit:
             continue
         tail = manager.block_pool.get_cached_block(fork.tail_hash(request, n), [0])
         if tail is not None:

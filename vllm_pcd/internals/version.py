@@ -18,9 +18,9 @@ from vllm_pcd.compat import adapter_name
 # embedding_bias, skip_gather, stock) where `stock(hidden)` runs vLLM's own forward on
 # `hidden` with the call's other arguments.
 ChooseLogits = Callable[[Any, Any, Any, Any, bool, Callable[[Any], Any]], Any]
-# The fork's lookup: (manager, request, blocks, hit) → (blocks, hit) with the cached partial
-# tail block the ordinary full-block hit reaches.
-ExtendHit = Callable[[Any, Any, Any, int], tuple[Any, int]]
+# The fork's lookup: (manager, request, blocks, hit, limit) → (blocks, hit) with the cached
+# partial tail block the ordinary full-block hit reaches, the hit at most `limit` tokens.
+ExtendHit = Callable[[Any, Any, Any, int, int], tuple[Any, int]]
 
 
 class VersionAdapter(Protocol):

@@ -76,7 +76,7 @@ def lookup_with(stock: Callable[..., Any], extend: Any) -> Callable[..., Any]:
     @functools.wraps(stock)
     def get_computed_blocks(self: Any, request: Any) -> tuple[Any, int]:
         blocks, hit = stock(self, request)
-        return extend(self, request, blocks, hit)
+        return extend(self, request, blocks, hit, request.num_tokens - 1)
     return get_computed_blocks
 
 

@@ -63,7 +63,7 @@ def lookup_with(stock: Callable[..., Any], extend: Any) -> Callable[..., Any]:
     @functools.wraps(stock)
     def get_computed_blocks(self: Any, request: Any) -> tuple[Any, int, int]:
         blocks, hit, pinned = stock(self, request)
-        blocks, hit = extend(self, request, blocks, hit)
+        blocks, hit = extend(self, request, blocks, hit, request.num_tokens - 1)
         return blocks, hit, pinned
     return get_computed_blocks
 
