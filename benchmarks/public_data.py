@@ -82,6 +82,10 @@ BIGBENCH_FIELDS: dict[str, tuple[str, str, str, str | None]] = {
     "sports_understanding": ("plausible", "Whether the statement is plausible", "",
                              "plausible"),
     "bbq_lite_json": ("answer", "The answer to the question", "", None),
+    "anachronisms": ("contains_anachronism", "Whether the sentence contains an anachronism",
+                     "", "Yes"),
+    "winowhy": ("reasoning_is_correct", "Whether the explanation of what the pronoun refers "
+                "to is correct", "", "correct"),
 }
 
 
