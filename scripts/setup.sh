@@ -8,7 +8,7 @@ vllm_version=${PCD_VLLM:-0.32.0}
 case "$vllm_version" in
   0.32.0) venv=${PCD_VENV:-$repo/.venv} ;;
   0.24.0) venv=${PCD_VENV:-$repo/.venv-0.24} ;;
-  *) echo "[setup] PCD_VLLM=$vllm_version: vllm-pcd supports vLLM 0.24.0 and 0.32.0" >&2; exit 2 ;;
+  *) echo "[setup] PCD_VLLM=$vllm_version: this script builds vLLM 0.24.0 or 0.32.0 (CPU; 0.33 has no CPU build)" >&2; exit 2 ;;
 esac
 py=${PYTHON:-python3}
 
