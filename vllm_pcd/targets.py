@@ -104,13 +104,11 @@ def compare(wheel: Path, targets: dict[tuple[str, str], tuple[str, Parameters]]
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for (module, qualname), (patch, expected) in sorted(targets.items()):
-            path = module.replace(".", "/") + ".py"
-            if path not in names:
-                path = module.replace(".", "/") + "/__init__.py"
-            found = find(archive.read(path).decode(), qualname) if path in names else None
+            source = _module_source(names, archive, module)
+            found = find(source, qualname) if source is not None else None
             target = f"{module}.{qualname}"
             if found is None:
-                rows.append((patch, target, "missing", f"not defined in {path}"))
+                rows.append((patch, target, "missing", f"not defined in {module}"))
             elif found != expected:
                 rows.append((patch, target, "changed",
                              f"({_shown(expected)}) → ({_shown(found)})"))
