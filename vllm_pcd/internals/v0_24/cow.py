@@ -9,8 +9,8 @@ vLLM 0.32 does it:
   more, puts a fresh block in the shared one's place in the request's table, and records
   the pair (shared → fresh);
 - the step's `SchedulerOutput` carries the pairs' block ids (`COPIES`) to the workers, which
-  copy them in every layer's KV cache after their per-step bookkeeping (where new blocks
-  may be zeroed) and before the forward;
+  copy them in every layer's KV cache (`internals.block_copy`) after their per-step
+  bookkeeping (where new blocks may be zeroed) and before the forward;
 - the shared block keeps the branch's hit reference until the scheduler has processed that
   step's output, so no later allocation in the same step can take it and have it zeroed
   before the copy has run. The private block needs no such hold: it leaves the request only
@@ -22,9 +22,10 @@ vLLM 0.32 does it:
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from vllm_pcd.compat import require_methods
+from vllm_pcd.internals.block_copy import copy_blocks
 
 COPIES = "pcd_block_copies"  # SchedulerOutput attribute: [(source block id, copy block id)]
 
@@ -134,33 +135,6 @@ def patch_scheduler(scheduler_cls: Any) -> None:
 
     scheduler_cls.schedule = schedule_with_copies
     scheduler_cls.update_from_output = update_releasing
-
-
-def block_view(cache: Any, num_blocks: int) -> Any:
-    """`cache` with its first dimension counting the scheduler's blocks: CPU attention's
-    layout (blocks, KV heads, tokens, 2·head size), with finer kernel blocks folded in."""
-    per_block, remainder = divmod(cache.shape[0], num_blocks)
-    if remainder:
-        raise RuntimeError(f"vllm-pcd fork copy: a KV cache of shape {tuple(cache.shape)} "
-                           f"does not start with its {num_blocks} blocks")
-    return cache.unflatten(0, (num_blocks, per_block))
-
-
-def copy_blocks(caches: Iterable[Any], num_blocks: int, pairs: Sequence[tuple[int, int]]
-                ) -> None:
-    """Copy each pair's source block onto its destination in every layer's KV cache (layers
-    that share one cache are copied once)."""
-    import torch
-
-    source = torch.tensor([s for s, _ in pairs])
-    target = torch.tensor([t for _, t in pairs])
-    seen: set[int] = set()
-    for cache in caches:
-        if cache.data_ptr() in seen:
-            continue
-        seen.add(cache.data_ptr())
-        blocks = block_view(cache, num_blocks)
-        blocks[target] = blocks[source]
 
 
 def patch_runner(runner_cls: Any) -> None:

@@ -1,7 +1,8 @@
 """vLLM 0.32's side of `internals.version.VersionAdapter`: client faults are `VLLMClientError`
 or `GracefulHTTPError` (admission control, with its own status); routes come through the
-endpoint-plugin hook; vLLM copies a partial-block prefix hit on write itself; the prefix
-lookup also reports pinned blocks; the LM head's forward takes `skip_gather`."""
+endpoint-plugin hook; vLLM copies a partial-block prefix hit on write itself (on CPU one
+slice copy a block, `copies`); the prefix lookup also reports pinned blocks; the LM head's
+forward takes `skip_gather`."""
 
 from __future__ import annotations
 
@@ -74,4 +75,8 @@ def lookup_allowed(manager: Any, request: Any) -> bool:
 
 def copy_partial_hits() -> None:
     """vLLM 0.32's full-attention manager swaps a partial hit's tail block for a private copy
-    and its worker copies the KV (`kv_cache_block_copies`)."""
+    and its worker copies the KV (`kv_cache_block_copies`); a CPU worker's copy is PCD's
+    (`copies`)."""
+    from vllm_pcd.internals.v0_32 import copies
+
+    copies.apply()
