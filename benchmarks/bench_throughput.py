@@ -88,14 +88,15 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
     cells = []
     per_level = {c: len(docs) if c > 1 else min(len(docs), args.sequential_docs)
                  for c in args.concurrency}
-    total = len(args.fields) * len(ROWS) * sum(per_level.values())
+    chosen = [row for row in ROWS if f"{row[0]}@{row[1]}" in args.rows]
+    total = len(args.fields) * len(chosen) * sum(per_level.values())
     try:
         with tqdm(total=total, desc="throughput", unit="doc", file=sys.stderr) as bar:
             for n_fields in args.fields:
                 schema = synthetic_schema(n_fields)
                 for level in args.concurrency:
                     rows = {}
-                    for method, layout in ROWS:
+                    for method, layout in chosen:
                         bar.set_postfix_str(f"{n_fields} fields, c={level}, {method} {layout}")
                         rows[f"{method}@{layout}"] = await measure(
                             client, tokenizer, schema, docs[:per_level[level]], method, layout,
@@ -109,30 +110,33 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
             "cells": cells}
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if not a or not b else f"×{a / b:.1f}"
+def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
+    return "-" if not a or not b else f"×{a / b:.{digits}f}"
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown: per cell and row, docs/s, its ratio to AR JSON (latency ratio at c=1),
-    tokens per document and their ratio to the floor's."""
+    """Markdown: per cell and row, docs/s and its ratio to AR JSON's and the floor's, the median
+    latency and its ratio to AR's (at c=1, time per document), tokens per document and their
+    ratio to the floor's. A row not run leaves its ratios blank."""
     base = f"{BASELINE[0]}@{BASELINE[1]}"
     lines = [f"{results['documents']} documents; {results['serving']}", "",
-             "| fields | conc | method @ layout | docs/s | vs AR | median s | latency vs AR "
-             "| tokens/doc | vs floor |", "|---|---|---|---|---|---|---|---|---|"]
+             "| fields | conc | method @ layout | docs/s | vs AR | vs floor | median s "
+             "| latency vs AR | tokens/doc | vs floor |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in results["cells"]:
-        ar = cell["rows"][base]
-        floor = cell["rows"]["floor@schema_first"]
+        ar = cell["rows"].get(base, {})
+        floor = cell["rows"].get("floor@schema_first", {})
         for name, row in cell["rows"].items():
             if row.get("median_s") is None:  # unsupported, or every document failed
                 lines.append(f"| {cell['fields']} | {cell['concurrency']} | {name} | "
-                             f"{row['status']} | | | | | |")
+                             f"{row['status']} | | | | | | |")
                 continue
             tokens, least = row["tokens_per_doc"], floor.get("tokens_per_doc")
             versus = "-" if tokens is None or not least else f"{tokens / least:.2f}"
             lines.append(
                 f"| {cell['fields']} | {cell['concurrency']} | {name} | {row['docs_per_s']:.2f} | "
                 f"{_ratio(row['docs_per_s'], ar.get('docs_per_s'))} | "
+                f"{_ratio(row['docs_per_s'], floor.get('docs_per_s'), 2)} | "
                 f"{row['median_s']:.3f} | {_ratio(ar.get('median_s'), row['median_s'])} | "
                 f"{'-' if tokens is None else round(tokens)} | {versus} |")
     return "\n".join(lines)
@@ -168,6 +172,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sequential-docs", type=int, default=16)
     parser.add_argument("--fields", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    names = [f"{method}@{layout}" for method, layout in ROWS]
+    parser.add_argument("--rows", nargs="+", default=names, choices=names, metavar="ROW",
+                        help=f"method@layout rows to run (default all: {' '.join(names)})")
     args = parser.parse_args(argv)
     if args.quick:
         args.docs, args.sequential_docs, args.fields, args.concurrency = 4, 2, [3], [1, 2]
