@@ -21,11 +21,12 @@ vLLM 0.32 does it:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from vllm_pcd.compat import require_methods
-from vllm_pcd.internals.block_copy import copy_blocks
+from vllm_pcd.internals.block_copy import copy_after_update_states
 
 COPIES = "pcd_block_copies"  # SchedulerOutput attribute: [(source block id, copy block id)]
 
@@ -137,21 +138,14 @@ def patch_scheduler(scheduler_cls: Any) -> None:
     scheduler_cls.update_from_output = update_releasing
 
 
+@contextlib.contextmanager
+def _carried(scheduler_output: Any) -> Iterator[Any]:
+    yield getattr(scheduler_output, COPIES, None)
+
+
 def patch_runner(runner_cls: Any) -> None:
     """The worker copies a step's pairs after its per-step bookkeeping, before the forward."""
-    require_methods(runner_cls, "_update_states", patch="fork copy")
-    update_states = runner_cls._update_states
-
-    @functools.wraps(update_states)
-    def update_states_copying(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any
-                              ) -> Any:
-        result = update_states(self, scheduler_output, *args, **kwargs)
-        pairs = getattr(scheduler_output, COPIES, None)
-        if pairs:
-            copy_blocks(self.kv_caches, self.kv_cache_config.num_blocks, pairs)
-        return result
-
-    runner_cls._update_states = update_states_copying
+    copy_after_update_states(runner_cls, _carried)
 
 
 def apply() -> None:

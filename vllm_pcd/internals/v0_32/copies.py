@@ -5,33 +5,29 @@ step's bookkeeping and new-block zeroing, before the forward. Other devices keep
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
-from vllm_pcd.compat import require_methods
-from vllm_pcd.internals.block_copy import copy_blocks
+from vllm_pcd.internals.block_copy import Pairs, copy_after_update_states
+
+
+@contextlib.contextmanager
+def taken_from_stock(scheduler_output: Any) -> Iterator[Pairs | None]:
+    """The step's `kv_cache_block_copies` as pairs, hidden from the stock `_update_states`
+    while it runs, then put back (in one process this is the scheduler's own object)."""
+    copies = scheduler_output.kv_cache_block_copies
+    if not copies:
+        yield None
+        return
+    scheduler_output.kv_cache_block_copies = None
+    try:
+        yield [(c.src_block_id, c.dst_block_id) for c in copies]
+    finally:
+        scheduler_output.kv_cache_block_copies = copies
 
 
 def patch_runner(runner_cls: Any) -> None:
-    require_methods(runner_cls, "_update_states", patch="fork copy")
-    update_states = runner_cls._update_states
-
-    @functools.wraps(update_states)
-    def update_states_copying(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any
-                              ) -> Any:
-        copies = scheduler_output.kv_cache_block_copies
-        if not copies:
-            return update_states(self, scheduler_output, *args, **kwargs)
-        scheduler_output.kv_cache_block_copies = None  # in one process this is the
-        try:                                           # scheduler's own object: put back
-            result = update_states(self, scheduler_output, *args, **kwargs)
-        finally:
-            scheduler_output.kv_cache_block_copies = copies
-        copy_blocks(self.kv_caches, self.kv_cache_config.num_blocks,
-                    [(c.src_block_id, c.dst_block_id) for c in copies])
-        return result
-
-    runner_cls._update_states = update_states_copying
+    copy_after_update_states(runner_cls, taken_from_stock)
 
 
 def apply() -> None:
