@@ -27,16 +27,20 @@ from vllm_pcd.models import default_model_path
 
 RATE = 50  # py-spy samples a second
 
+# The frame where the worker waits for work and the engine core for the worker's reply: its
+# samples are spinning, not work (the API server's idle samples py-spy leaves out itself).
+WAITING = "MessageQueue.dequeue"
+
 # Stack frames (substrings of py-spy's raw stacks) named by what they do.
 SHARES = {
-    "worker": {"idle (waiting for work)": "MessageQueue.dequeue",
+    "worker": {"idle (waiting for work)": WAITING,
                "model forward": "_model_forward",
                "CPU attention": "cpu_attention_with_kv_cache",
                "logits": "compute_logits",
                "PCD block copies": "copy_blocks",
                "vLLM block copies": "copy_kv_cache_blocks_inplace",
                "sampler": "sample_tokens"},
-    "engine core": {"waiting for the worker": "collective_rpc",
+    "engine core": {"waiting for the worker": WAITING,
                     "scheduling": "Scheduler.schedule",
                     "update_from_output": "update_from_output"},
     "API server": {"PCD planning": "build_plan",
@@ -63,7 +67,7 @@ def server_processes(port: int) -> dict[str, int]:
     found = {"API server": api.pid}
     for child in api.children(recursive=True):
         for name, title in (("engine core", "VLLM::EngineCore"), ("worker", "VLLM::Worker")):
-            if title in cmdline(child) or title.startswith(child.name()):
+            if title in cmdline(child):  # the process title vLLM sets
                 found.setdefault(name, child.pid)
     return found
 
@@ -92,9 +96,7 @@ def stacks(path: Path) -> list[tuple[str, int]]:
 def report(name: str, path: Path, seconds: int, requests: float) -> None:
     rows = stacks(path)
     samples = sum(count for _, count in rows)
-    waiting = SHARES[name].get("idle (waiting for work)") or SHARES[name].get(
-        "waiting for the worker")
-    idle = sum(count for stack, count in rows if waiting and waiting in stack)
+    idle = sum(count for stack, count in rows if WAITING in stack)
     busy_s = (samples - idle) / RATE
     print(f"{name}: {samples} samples of {RATE * seconds}, busy {busy_s:.1f} s of {seconds} s, "
           f"{1e3 * busy_s / max(requests, 1):.2f} ms busy per engine request")
