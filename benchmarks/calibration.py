@@ -1,26 +1,32 @@
 """Fitted calibration on public tasks, measured on the half of each task no fit saw.
 
-    python -m benchmarks.calibration [--model PATH] [--data SRC …] [--limit N] [--out PATH]
+    python -m benchmarks.calibration [--model PATH] [--data SRC …] [--limit N]
+                                     [--exclude N …] [--rows RESULTS.json] [--out PATH]
 
 Each task (`benchmarks.public_data` source, one schema per task) gets a profile from
 `vllm_pcd.calibrate`: fitted on one seeded half of its cases, the method chosen by
 cross-validation inside that half, then measured on the other half. The table gives, per task
 and pooled, the held-out ECE and accuracy without and with the profile and their paired
-difference; the PNG is the pooled held-out reliability diagram, before and after.
+difference; the PNG is the pooled held-out reliability diagram, before and after. Beside each
+pooled ECE stands the ECE's floor at that size: the mean ECE of labels drawn from the
+returned probabilities themselves, what a perfectly calibrated map would measure. The results
+keep every task's scored rows, so `--rows` fits them again without a model.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import public_data
 from benchmarks.harness import provenance, publish, save_figure
-from vllm_pcd.core.fitting import expected_calibration_error, reliability
+from vllm_pcd.core.fitting import Row, expected_calibration_error, reliability
 from vllm_pcd.core.options import Options
 
 DEFAULT_DATA = ["bigbench:presuppositions_as_nli", "bigbench:epistemic_reasoning",
@@ -29,10 +35,39 @@ DEFAULT_DATA = ["bigbench:presuppositions_as_nli", "bigbench:epistemic_reasoning
 UNTOUCHED = ["bigbench:sports_understanding", "bigbench:navigate"]
 
 
+def ece_floor(points: list[tuple[float, bool]], draws: int = 200, seed: int = 0) -> float:
+    """The ECE of perfectly calibrated answers at these probabilities: each answer counted
+    right with its own probability. A measured ECE near this is at the estimator's noise."""
+    rng = random.Random(seed)
+    return sum(expected_calibration_error([(p, rng.random() < p) for p, _ in points])
+               for _ in range(draws)) / draws
+
+
 def summary(points: list[tuple[float, bool]]) -> dict[str, Any]:
     return {"rows": len(points), "ece": expected_calibration_error(points),
+            "ece_floor": ece_floor(points),
             "accuracy": sum(ok for _, ok in points) / len(points),
             "reliability": reliability(points)}
+
+
+def fresh_cases(source: str, limit: int, exclude: list[int]) -> list[dict[str, Any]]:
+    """`limit` cases of a task drawn with the fixed seed from those no earlier draw of the
+    `exclude` sizes held (the draws earlier runs measured on)."""
+    key = lambda case: json.dumps(case, sort_keys=True)  # noqa: E731
+    seen = {key(c) for n in exclude for c in public_data.load(source, n)}
+    rest = [c for c in public_data.load(source) if key(c) not in seen]
+    return random.Random(public_data.SEED).sample(rest, min(limit, len(rest)))
+
+
+Groups = list[tuple[dict[str, Any], dict[str, list[Row]]]]
+
+
+def saved_groups(path: Path) -> dict[str, Groups]:
+    """Each group's labelled rows as an earlier run of this benchmark saved them."""
+    saved = json.loads(path.read_text())["rows"]
+    return {group: [(schema, {name: [(tuple(s), g) for s, g in rows]
+                              for name, rows in fields.items()}) for schema, fields in items]
+            for group, items in saved.items()}
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -56,7 +91,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from vllm_pcd.calibrate import calibrate
+    from vllm_pcd.calibrate import calibrate, labelled_groups
     from vllm_pcd.models import default_model_path, fast_dtype
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.calibration",
@@ -66,38 +101,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--untouched", nargs="*", default=UNTOUCHED,
                         help="tasks pooled apart from --data")
     parser.add_argument("--limit", type=int, default=120, help="cases per task")
+    parser.add_argument("--exclude", type=int, nargs="*", default=[], metavar="N",
+                        help="leave out every case of the earlier draws of these sizes")
+    parser.add_argument("--rows", type=Path, help="fit the rows an earlier run saved; no model")
     parser.add_argument("--dtype", default=fast_dtype())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--options", default="{}", help="PCD options, as JSON keywords")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "calibration")
     args = parser.parse_args(argv)
-    import json
 
     options = Options.of(json.loads(args.options))
     groups = {"tuned": args.data, "untouched": args.untouched}
-    os.environ.setdefault("VLLM_PLUGINS", "pcd")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM
-
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=4096, enable_prefix_caching=True,
-              seed=0)
     start = time.perf_counter()
+    if args.rows:
+        scored = saved_groups(args.rows)
+    else:
+        os.environ.setdefault("VLLM_PLUGINS", "pcd")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        from vllm import LLM
+
+        llm = LLM(args.model, dtype=args.dtype, max_model_len=4096,
+                  enable_prefix_caching=True, seed=0)
+        scored = {group: labelled_groups(llm, [c for source in sources for c in
+                                               fresh_cases(source, args.limit, args.exclude)],
+                                         options)
+                  for group, sources in groups.items() if sources}
     text = io.StringIO()
     tasks, pooled = [], {}
-    for group, sources in groups.items():
-        if not sources:
-            continue
-        print(f"## {group}: {', '.join(sources)}", file=text)
-        cases = [c for source in sources for c in public_data.load(source, args.limit)]
-        profiles, points = calibrate(llm, args.model, cases, options, seed=args.seed, out=text)
+    for group, items in scored.items():
+        print(f"## {group}: {', '.join(groups.get(group) or [])}", file=text)
+        profiles, points = calibrate(args.model, items, options, seed=args.seed, out=text)
         tasks += [{"group": group, "fields": list(p.fields), **p.held_out} for p in profiles]
         pooled[group] = {"uncalibrated": summary(points["none"]),
                          "profile": summary(points["profile"])}
+        print(f"{'':30s} ECE floor at this size: {pooled[group]['profile']['ece_floor']:.3f}",
+              file=text)
     results = {"model": args.model, "dtype": args.dtype, "groups": groups,
-               "limit": args.limit, "seed": args.seed, "options": args.options,
+               "limit": args.limit, "exclude": args.exclude, "seed": args.seed,
+               "options": args.options, "rows_from": str(args.rows or ""),
                "seconds": time.perf_counter() - start, **provenance(), "tasks": tasks,
-               "pooled": pooled, "table": text.getvalue()}
+               "pooled": pooled, "table": text.getvalue(),
+               "rows": {group: [(schema, rows) for schema, rows in items]
+                        for group, items in scored.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     publish(args.out, results, lambda path: plot(results, path), lambda r: r["table"])
     return results

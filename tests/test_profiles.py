@@ -3,6 +3,7 @@ their own schema and options, and the held-out half is never the fitted one."""
 
 import json
 import math
+import os
 import random
 from types import SimpleNamespace
 
@@ -11,7 +12,8 @@ import pytest
 from tests.conftest import (MESSAGE, PROFILE_TEMPERATURE, PROFILED_SCHEMA, SUPPORT_SCHEMA,
                             write_test_profile)
 from vllm_pcd.core.fitting import (Identity, OptionBias, Temperature, answer_points,
-                                   balanced_accuracy, choose, expected_calibration_error)
+                                   balanced_accuracy, choose, expected_calibration_error,
+                                   folds)
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, ProfileBook, fit_profile, matches_model,
                                     read_profiles, write_profiles)
@@ -186,3 +188,37 @@ def test_the_offline_api_applies_the_engine_s_profiles(fp32_llm, model_path, tmp
     assert [c["probability"] for c in diag["fields"]["channel"]["candidates"]] == pytest.approx(
         [e / sum(expected) for e in expected], abs=1e-6)
     assert constrained(fp32_llm, MESSAGE, SUPPORT_SCHEMA).diagnostics()["calibrated"] is False
+
+
+def test_cross_validation_folds_cover_every_case_once():
+    parts = folds(23, 5, seed=3)
+    assert sorted(i for part in parts for i in part) == list(range(23))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert folds(23, 5, seed=3) == parts != folds(23, 5, seed=4)
+
+
+def test_the_command_scores_labelled_cases_and_writes_a_profile_that_loads(fp32_llm, model_path,
+                                                                          tmp_path):
+    """`vllm_pcd.calibrate`'s two steps on the engine: PCD scores every labelled case, a
+    schema with too few cases is left out, and the profile written is one a server loads."""
+    from vllm_pcd.calibrate import calibrate, labelled_groups, read_cases
+
+    channels = ["email", "phone", "chat"]
+    lines = [{"message": f"Ticket {k}: please {channels[k % 3]} me, it is "
+                         f"{'urgent' if k % 2 else 'not urgent'}.",
+              "schema": PROFILED_SCHEMA,
+              "expected": {"urgent": bool(k % 2), "channel": channels[k % 3]}} for k in range(24)]
+    lines += [{"message": "Hi", "schema": SUPPORT_SCHEMA, "expected": {}}]  # one case: skipped
+    data = tmp_path / "labelled.jsonl"
+    data.write_text("\n".join(json.dumps(line) for line in lines))
+    groups = labelled_groups(fp32_llm, read_cases(data), Options())
+    assert [schema for schema, _ in groups] == [PROFILED_SCHEMA]
+    rows = groups[0][1]
+    assert {name: len(r) for name, r in rows.items()} == {"urgent": 24, "channel": 24}
+    assert all(len(scores) == 3 and gold == k % 3
+               for k, (scores, gold) in enumerate(rows["channel"]))
+    profiles, points = calibrate(str(model_path), groups, Options(), out=open(os.devnull, "w"))
+    assert len(points["profile"]) == 2 * 12  # two fields of the 12 held-out cases
+    write_profiles(tmp_path / "p.json", profiles)
+    [loaded] = read_profiles(tmp_path / "p.json")
+    assert loaded.key() == profiles[0].key() and loaded.held_out["cases"] == 12

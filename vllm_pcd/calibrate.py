@@ -97,30 +97,42 @@ def report(name: str, none: Sequence[tuple[float, bool]], fitted: Sequence[tuple
     return line + (f"  {balanced[0]:6.3f} → {balanced[1]:6.3f}" if balanced else "")
 
 
-def calibrate(llm: Any, model: str, cases: Sequence[dict[str, Any]], options: Options, *,
-              seed: int = 0, threshold: float | None = None, out: Any = sys.stdout
+def labelled_groups(llm: Any, cases: Sequence[dict[str, Any]], options: Options
+                    ) -> list[tuple[dict[str, Any], dict[str, list[Row]]]]:
+    """Each schema's labelled rows (field → (scores, gold index) per case), scored with PCD;
+    a schema with too few cases for a profile is left out with a line on stderr."""
+    groups = []
+    for group in by_schema(cases).values():
+        schema = group[0]["schema"]
+        if len(group) < MIN_CASES:
+            print(f"schema of {', '.join(schema.get('properties', {}))}: skipped, "
+                  f"{len(group)} cases (a profile needs {MIN_CASES})", file=sys.stderr)
+            continue
+        spec = parse_schema(schema)
+        groups.append((schema, labelled_rows(spec, group, score_cases(llm, schema, group,
+                                                                      options))))
+    return groups
+
+
+def calibrate(model: str, groups: Sequence[tuple[dict[str, Any], dict[str, list[Row]]]],
+              options: Options, *, seed: int = 0, threshold: float | None = None,
+              out: Any = sys.stdout
               ) -> tuple[list[Profile], dict[str, list[tuple[float, bool]]]]:
-    """A profile per schema with enough cases, and the pooled held-out points."""
+    """A profile per schema's labelled rows, and the pooled held-out points; no model is
+    needed, so saved rows can be fitted again."""
     profiles, pooled = [], {"none": [], "profile": []}
     print(f"{'schema (held-out half)':30s} {'rows':>5s} {'method':12s} "
           f"{'ECE: none → fitted':20s} {'accuracy: none → fitted':24s} {'paired Δ [95%]':20s}"
           " balanced accuracy", file=out)
-    for group in by_schema(cases).values():
-        schema = group[0]["schema"]
-        spec = parse_schema(schema)
-        name = ",".join(f.name for f in spec.fields)
-        if len(group) < MIN_CASES:
-            print(f"{name[:30]:30s} skipped: {len(group)} cases (a profile needs {MIN_CASES})",
-                  file=out)
-            continue
-        rows = labelled_rows(spec, group, score_cases(llm, schema, group, options))
+    for schema, rows in groups:
         profile, points = fit_profile(model, schema, options, rows, seed=seed,
                                       threshold=threshold)
         profiles.append(profile)
         for key in pooled:
             pooled[key] += points[key]
         held = profile.held_out
-        print(report(name, points["none"], points["profile"], profile.method,
+        print(report(",".join(profile.fields), points["none"], points["profile"],
+                     profile.method,
                      (held["uncalibrated"]["balanced_accuracy"], held["balanced_accuracy"])),
               file=out)
     if len(profiles) > 1:
@@ -160,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
               enable_prefix_caching=True, seed=0)
     print(f"# {len(cases)} cases, model {args.model}, dtype {args.dtype}, options "
           f"{args.options}")
-    profiles, _ = calibrate(llm, args.model, cases, options, seed=args.seed,
-                            threshold=args.low_confidence)
+    profiles, _ = calibrate(args.model, labelled_groups(llm, cases, options), options,
+                            seed=args.seed, threshold=args.low_confidence)
     if not profiles:
         raise SystemExit("no schema had enough labelled cases for a profile")
     write_profiles(args.out, profiles)

@@ -198,6 +198,18 @@ def halves(count: int, seed: int) -> tuple[list[int], list[int]]:
     return sorted(order[:count // 2]), sorted(order[count // 2:])
 
 
+def folds(count: int, k: int, seed: int) -> list[list[int]]:
+    """A seeded split of `count` items into `k` test folds of near-equal size (indices)."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return [sorted(order[i::k]) for i in range(k)]
+
+
+# Cross-validation folds for the choice of method: with two, each estimate rests on half the
+# fitting cases and a noisy ECE picks the richer map where it does not hold up.
+FOLDS = 5
+
+
 @dataclass(frozen=True)
 class Choice:
     method: str
@@ -206,15 +218,16 @@ class Choice:
 
 def choose(fields: Sequence[Sequence[Row]], seed: int,
            methods: Sequence[str] = ("none", "temperature", "option_bias")) -> Choice:
-    """The method with the lowest two-fold cross-validated ECE over all fields (each field
+    """The method with the lowest k-fold cross-validated ECE over all fields (each field
     fitted on its own) among those whose cross-validated accuracy is not below no map's."""
     scores: dict[str, dict[str, float | None]] = {}
     for method in methods:
         points = []
         for rows in fields:
-            first, second = halves(len(rows), seed)
-            for fit, test in ((first, second), (second, first)):
-                calibrator = METHODS[method].fit([rows[i] for i in fit])
+            k = min(FOLDS, len(rows))
+            for test in folds(len(rows), k, seed):
+                held = set(test)
+                calibrator = METHODS[method].fit([r for i, r in enumerate(rows) if i not in held])
                 points += answer_points(calibrator, [rows[i] for i in test])
         scores[method] = {"ece": expected_calibration_error(points),
                           "accuracy": sum(ok for _, ok in points) / len(points)}
