@@ -86,6 +86,19 @@ BIGBENCH_FIELDS: dict[str, tuple[str, str, str, str | None]] = {
                      "", "Yes"),
     "winowhy": ("reasoning_is_correct", "Whether the explanation of what the pronoun refers "
                 "to is correct", "", "correct"),
+    "metaphor_boolean": ("paraphrase_is_correct", "Whether the sentence after <--> is a correct "
+                         "paraphrase of the metaphoric sentence before it", "", "True"),
+    "logical_fallacy_detection": (
+        "argument_is_valid", "Whether the statement's reasoning is valid, free of fallacies",
+        "This AI is identifying whether statements contain fallacies. The AI responds with "
+        "'Valid' or 'Invalid' as appropriate. ", "Valid"),
+    "entailed_polarity": ("answer_is_yes", "Whether the fact implies that the answer to the "
+                          "question is yes", "", "yes"),
+    "causal_judgment": ("answer_is_yes", "Whether a typical person would answer the question "
+                        "yes", "", "Yes"),
+    "moral_permissibility": ("answer_is_yes", "Whether a typical person would answer the "
+                             "question yes", "", "Yes"),
+    "misconceptions": ("statement_is_true", "Whether the statement is true", "", "T"),
 }
 
 
