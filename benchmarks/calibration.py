@@ -62,6 +62,25 @@ def fresh_cases(source: str, limit: int, exclude: list[int]) -> list[dict[str, A
 Groups = list[tuple[dict[str, Any], dict[str, list[Row]]]]
 
 
+def spread(model: str, groups: Groups, options: Options, seeds: range) -> str:
+    """How much one split decides: the pooled held-out ECE and paired accuracy difference of
+    the same rows fitted again on other seeded splits."""
+    from vllm_pcd.calibrate import calibrate, paired_difference
+
+    eces, deltas = [], []
+    for seed in seeds:
+        _, points = calibrate(model, groups, options, seed=seed, out=io.StringIO())
+        eces.append(expected_calibration_error(points["profile"]))
+        deltas.append(paired_difference([ok for _, ok in points["none"]],
+                                        [ok for _, ok in points["profile"]]))
+    passed = sum(e <= 0.03 and d["low"] >= -0.01 for e, d in zip(eces, deltas))
+    eces.sort()
+    return (f"{'':30s} {len(seeds)} other splits: ECE median {eces[len(eces) // 2]:.3f} "
+            f"[{eces[0]:.3f}, {eces[-1]:.3f}], accuracy Δ median "
+            f"{100 * sorted(d['difference'] for d in deltas)[len(deltas) // 2]:+.1f}; "
+            f"the rule (ECE ≤ 0.03, Δ low ≥ −1) holds on {passed}")
+
+
 def saved_groups(path: Path) -> dict[str, Groups]:
     """Each group's labelled rows as an earlier run of this benchmark saved them."""
     saved = json.loads(path.read_text())["rows"]
@@ -106,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", type=Path, help="fit the rows an earlier run saved; no model")
     parser.add_argument("--dtype", default=fast_dtype())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--splits", type=int, default=0, metavar="K",
+                        help="also fit again on K other seeded splits and print the spread")
     parser.add_argument("--options", default="{}", help="PCD options, as JSON keywords")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "calibration")
@@ -137,6 +158,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "profile": summary(points["profile"])}
         print(f"{'':30s} ECE floor at this size: {pooled[group]['profile']['ece_floor']:.3f}",
               file=text)
+        if args.splits:
+            print(spread(args.model, items, options, range(args.seed + 1,
+                                                            args.seed + 1 + args.splits)),
+                  file=text)
     results = {"model": args.model, "dtype": args.dtype, "groups": groups,
                "limit": args.limit, "exclude": args.exclude, "seed": args.seed,
                "options": args.options, "rows_from": str(args.rows or ""),
