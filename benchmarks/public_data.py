@@ -99,6 +99,9 @@ BIGBENCH_FIELDS: dict[str, tuple[str, str, str, str | None]] = {
     "moral_permissibility": ("answer_is_yes", "Whether a typical person would answer the "
                              "question yes", "", "Yes"),
     "misconceptions": ("statement_is_true", "Whether the statement is true", "", "T"),
+    "analytic_entailment": ("first_entails_second", "Whether the first sentence entails the "
+                            "second", "", "entailment"),
+    "sentence_ambiguity": ("statement_is_true", "Whether the statement is true", "", "True"),
 }
 
 
