@@ -50,7 +50,8 @@ def _rendered(tokenizer, spec, plan, formulation):
     codes = [fp.codes if isinstance(fp, FieldPlan) else None for fp in plan.fields]
     instruction = instruction_text(list(zip(spec.fields, codes)), formulation)
     return render_text(tokenizer, with_instruction([{"role": "user", "content": MESSAGE}],
-                                                   instruction))
+                                                   instruction,
+                                                   names=[f.name for f in spec.fields]))
 
 
 def _value_texts(fp, formulation):
