@@ -14,6 +14,7 @@ continuation is tokenized with the whole text, as before.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 from vllm_pcd.core.sequence import common_prefix
@@ -31,6 +32,27 @@ def _added_tokens(tokenizer: Any) -> list[str]:
     return [t for t in named if isinstance(t, str) and t]
 
 
+# The tails (the assistant's header and a continuation) repeat across documents asked the same
+# schema, so their tokens are kept: up to TAILS_KEPT texts of at most TAIL_CHARS characters.
+TAILS_KEPT = 1 << 14
+TAIL_CHARS = 4096
+
+
+@functools.lru_cache(maxsize=TAILS_KEPT)
+def _kept_tail(tokenizer: Any, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def tail_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text`'s tokens, from the cache where it is a short tail and the tokenizer hashable."""
+    try:
+        if len(text) <= TAIL_CHARS:
+            return list(_kept_tail(tokenizer, text))
+    except TypeError:  # an unhashable tokenizer
+        pass
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def split_tail(tokenizer: Any, text: str, context: Sequence[int]) -> tuple[list[int], str]:
     """(head ids, tail text): the context's tokens before its last added token, and the text
     from that token on, such that head + tokens(tail) == `context`. ([], text) when no such
@@ -39,7 +61,7 @@ def split_tail(tokenizer: Any, text: str, context: Sequence[int]) -> tuple[list[
     if cut <= 0:
         return [], text
     head = tokenizer.encode(text[:cut], add_special_tokens=False)
-    tail = tokenizer.encode(text[cut:], add_special_tokens=False)
+    tail = tail_ids(tokenizer, text[cut:])
     if head + tail != list(context):
         return [], text
     return head, text[cut:]
@@ -66,7 +88,8 @@ class InContext:
             if cancelled():
                 raise Cancelled()
             for c in group:
-                tails[c] = tokenizer.encode(tail_text + c, add_special_tokens=False)
+                tails[c] = tail_ids(tokenizer, tail_text + c) if base \
+                    else tokenizer.encode(tail_text + c, add_special_tokens=False)
         own_context = list(context[base:])
         first = next(iter(tails.values()))
         agreed = min(common_prefix(first, ids) for ids in tails.values())

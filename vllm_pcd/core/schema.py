@@ -8,6 +8,7 @@ gets back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from vllm_pcd.core.fields import ANNOTATIONS, Parsing, check_closed, definitions_of, property_fields
@@ -62,8 +63,64 @@ def _check_json_schema(raw: dict[str, Any]) -> None:
                           rule="json_schema") from None
 
 
+# Parsed schemas kept for the next call asking the same one (a tenant's documents share their
+# schema): the JSON-Schema meta-check alone costs milliseconds a call. Only schemas of at most
+# CACHED_SCHEMA_CHARS characters of keys and strings are kept, so the cache stays a few MB
+# whatever clients send.
+CACHED_SCHEMAS = 128
+CACHED_SCHEMA_CHARS = 1 << 14
+
+
 def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
-    """Validate `raw` against the PCD contract and the field/candidate limits."""
+    """Validate `raw` against the PCD contract and the field/candidate limits. A schema
+    parsed before (the same JSON values, keys in the same order) is not checked again;
+    refusals are never kept."""
+    key = frozen(raw, [CACHED_SCHEMA_CHARS])
+    return _parse(raw, limits) if key is None else _parse_kept(key, limits)
+
+
+def frozen(value: Any, budget: list[int]) -> Any:
+    """A hashable copy of a JSON value that tells apart what JSON tells apart (`1`, `1.0`,
+    `true`, `"1"`, `-0.0`; key order), or None for anything else or past `budget` characters."""
+    budget[0] -= len(value) + 1 if isinstance(value, str) else 1
+    if budget[0] < 0:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if value is None or isinstance(value, (bool, int)):
+        return (type(value).__name__, value)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return None
+        budget[0] -= sum(len(k) for k in value)
+        items = tuple((k, frozen(v, budget)) for k, v in value.items())
+        return None if budget[0] < 0 or any(v is None for _, v in items) \
+            else ("object", items)
+    if isinstance(value, list):
+        items = tuple(frozen(v, budget) for v in value)
+        return None if budget[0] < 0 or any(v is None for v in items) else ("array", items)
+    return None
+
+
+def _thawed(key: Any) -> Any:
+    if isinstance(key, str):
+        return key
+    kind, body = key
+    if kind == "object":
+        return {k: _thawed(v) for k, v in body}
+    if kind == "array":
+        return [_thawed(v) for v in body]
+    return float(body) if kind == "float" else body
+
+
+@functools.lru_cache(maxsize=CACHED_SCHEMAS)
+def _parse_kept(key: Any, limits: Limits) -> SchemaSpec:
+    return _parse(_thawed(key), limits)
+
+
+def _parse(raw: Any, limits: Limits) -> SchemaSpec:
     if not isinstance(raw, dict):
         raise SchemaError(f"pcd_schema must be a JSON object, got {type(raw).__name__}",
                           rule="schema_type")
