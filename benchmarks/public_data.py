@@ -102,6 +102,9 @@ BIGBENCH_FIELDS: dict[str, tuple[str, str, str, str | None]] = {
     "analytic_entailment": ("first_entails_second", "Whether the first sentence entails the "
                             "second", "", "entailment"),
     "sentence_ambiguity": ("statement_is_true", "Whether the statement is true", "", "True"),
+    "implicatures": ("answer_means_yes", "Whether Speaker 2's answer to Speaker 1 counts as a "
+                     "yes", "", "yes"),
+    "intent_recognition": ("intent", "The intent of the utterance", "", None),
 }
 
 
