@@ -15,6 +15,7 @@ continuation is tokenized with the whole text, as before.
 from __future__ import annotations
 
 import functools
+from array import array
 from typing import Any, Callable, Sequence
 
 from vllm_pcd.core.sequence import common_prefix
@@ -33,14 +34,15 @@ def _added_tokens(tokenizer: Any) -> list[str]:
 
 
 # The tails (the assistant's header and a continuation) repeat across documents asked the same
-# schema, so their tokens are kept: up to TAILS_KEPT texts of at most TAIL_CHARS characters.
-TAILS_KEPT = 1 << 14
-TAIL_CHARS = 4096
+# schema, so their tokens are kept: up to TAILS_KEPT texts of at most TAIL_CHARS characters,
+# as packed arrays (a few MB at most, whatever clients send).
+TAILS_KEPT = 4096
+TAIL_CHARS = 512
 
 
 @functools.lru_cache(maxsize=TAILS_KEPT)
-def _kept_tail(tokenizer: Any, text: str) -> tuple[int, ...]:
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
+def _kept_tail(tokenizer: Any, text: str) -> array:
+    return array("q", tokenizer.encode(text, add_special_tokens=False))
 
 
 def tail_ids(tokenizer: Any, text: str) -> list[int]:
