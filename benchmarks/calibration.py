@@ -62,14 +62,16 @@ def fresh_cases(source: str, limit: int, exclude: list[int]) -> list[dict[str, A
 Groups = list[tuple[dict[str, Any], dict[str, list[Row]]]]
 
 
-def spread(model: str, groups: Groups, options: Options, seeds: range) -> str:
+def spread(model: str, groups: Groups, options: Options, seeds: range,
+           objective: str = "ece") -> str:
     """How much one split decides: the pooled held-out ECE and paired accuracy difference of
     the same rows fitted again on other seeded splits."""
     from vllm_pcd.calibrate import calibrate, paired_difference
 
     eces, deltas = [], []
     for seed in seeds:
-        _, points = calibrate(model, groups, options, seed=seed, out=io.StringIO())
+        _, points = calibrate(model, groups, options, seed=seed, objective=objective,
+                              out=io.StringIO())
         eces.append(expected_calibration_error(points["profile"]))
         deltas.append(paired_difference([ok for _, ok in points["none"]],
                                         [ok for _, ok in points["profile"]]))
@@ -110,7 +112,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from vllm_pcd.calibrate import calibrate, labelled_groups
+    from vllm_pcd.calibrate import add_objective, calibrate, labelled_groups
     from vllm_pcd.models import default_model_path, fast_dtype
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.calibration",
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--splits", type=int, default=0, metavar="K",
                         help="also fit again on K other seeded splits and print the spread")
     parser.add_argument("--options", default="{}", help="PCD options, as JSON keywords")
+    add_objective(parser)
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "calibration")
     args = parser.parse_args(argv)
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     if args.rows:
         scored = saved_groups(args.rows)
+        groups = json.loads(args.rows.read_text()).get("groups", groups)  # the saved run's
     else:
         os.environ.setdefault("VLLM_PLUGINS", "pcd")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tasks, pooled = [], {}
     for group, items in scored.items():
         print(f"## {group}: {', '.join(groups.get(group) or [])}", file=text)
-        profiles, points = calibrate(args.model, items, options, seed=args.seed, out=text)
+        profiles, points = calibrate(args.model, items, options, seed=args.seed,
+                                     objective=args.choose_by, out=text)
         tasks += [{"group": group, "fields": list(p.fields), **p.held_out} for p in profiles]
         pooled[group] = {"uncalibrated": summary(points["none"]),
                          "profile": summary(points["profile"])}
@@ -160,11 +165,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               file=text)
         if args.splits:
             print(spread(args.model, items, options, range(args.seed + 1,
-                                                            args.seed + 1 + args.splits)),
-                  file=text)
+                                                            args.seed + 1 + args.splits),
+                         args.choose_by), file=text)
     results = {"model": args.model, "dtype": args.dtype, "groups": groups,
                "limit": args.limit, "exclude": args.exclude, "seed": args.seed,
-               "options": args.options, "rows_from": str(args.rows or ""),
+               "options": args.options, "choose_by": args.choose_by,
+               "rows_from": str(args.rows or ""),
                "seconds": time.perf_counter() - start, **provenance(), "tasks": tasks,
                "pooled": pooled, "table": text.getvalue(),
                "rows": {group: [(schema, rows) for schema, rows in items]

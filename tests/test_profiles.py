@@ -222,3 +222,15 @@ def test_the_command_scores_labelled_cases_and_writes_a_profile_that_loads(fp32_
     write_profiles(tmp_path / "p.json", profiles)
     [loaded] = read_profiles(tmp_path / "p.json")
     assert loaded.key() == profiles[0].key() and loaded.held_out["cases"] == 12
+
+
+def test_the_accuracy_objective_takes_the_most_right_answers():
+    """A tilt towards the first option that per-option biases undo, where a temperature
+    calibrates best: chosen for probabilities, the temperature; for answers, the biases."""
+    rows = drawn(200, 2, shift=(0.8, 0.0), seed=2)
+    for_ece, for_answers = choose([rows], seed=0), choose([rows], seed=0, objective="accuracy")
+    scores = for_answers.cross_validated
+    assert for_ece.method == "temperature" and for_answers.method == "option_bias"
+    assert scores["option_bias"]["accuracy"] == max(s["accuracy"] for s in scores.values())
+    with pytest.raises(ValueError, match="objective"):
+        choose([rows], seed=0, objective="loss")

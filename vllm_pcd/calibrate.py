@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vllm_pcd.core.assemble import option_index, value_at
-from vllm_pcd.core.fitting import Row, expected_calibration_error
+from vllm_pcd.core.fitting import OBJECTIVES, Row, expected_calibration_error
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, fit_profile, schema_fingerprint,
                                     write_profiles)
@@ -116,7 +116,7 @@ def labelled_groups(llm: Any, cases: Sequence[dict[str, Any]], options: Options
 
 def calibrate(model: str, groups: Sequence[tuple[dict[str, Any], dict[str, list[Row]]]],
               options: Options, *, seed: int = 0, threshold: float | None = None,
-              out: Any = sys.stdout
+              objective: str = "ece", out: Any = sys.stdout
               ) -> tuple[list[Profile], dict[str, list[tuple[float, bool]]]]:
     """A profile per schema's labelled rows, and the pooled held-out points; no model is
     needed, so saved rows can be fitted again."""
@@ -126,7 +126,7 @@ def calibrate(model: str, groups: Sequence[tuple[dict[str, Any], dict[str, list[
           " balanced accuracy", file=out)
     for schema, rows in groups:
         profile, points = fit_profile(model, schema, options, rows, seed=seed,
-                                      threshold=threshold)
+                                      threshold=threshold, objective=objective)
         profiles.append(profile)
         for key in pooled:
             pooled[key] += points[key]
@@ -155,7 +155,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default=fast_dtype())
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0, help="the fit/held-out split's seed")
+    add_objective(parser)
     return parser.parse_args(argv)
+
+
+def add_objective(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--choose-by", choices=OBJECTIVES, default="ece",
+                        help="what the method is chosen for: calibrated probabilities (ece) or "
+                             "right answers (accuracy, which may undo a label prior)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(cases)} cases, model {args.model}, dtype {args.dtype}, options "
           f"{args.options}")
     profiles, _ = calibrate(args.model, labelled_groups(llm, cases, options), options,
-                            seed=args.seed, threshold=args.low_confidence)
+                            seed=args.seed, threshold=args.low_confidence,
+                            objective=args.choose_by)
     if not profiles:
         raise SystemExit("no schema had enough labelled cases for a profile")
     write_profiles(args.out, profiles)

@@ -147,8 +147,8 @@ def _summary(points: Sequence[tuple[float, bool]]) -> dict[str, Any]:
 
 
 def fit_profile(model: str, schema: dict[str, Any], options: Options,
-                rows: dict[str, list[Row]], *, seed: int = 0, threshold: float | None = None
-                ) -> tuple[Profile, dict[str, list[tuple[float, bool]]]]:
+                rows: dict[str, list[Row]], *, seed: int = 0, threshold: float | None = None,
+                objective: str = "ece") -> tuple[Profile, dict[str, list[tuple[float, bool]]]]:
     """A profile fitted on one half of the labelled rows (field → rows, case by case, so
     every field's row k is case k) and measured on the other, which neither the fit nor the
     choice of method saw (the method is chosen by cross-validation inside the fitting
@@ -161,11 +161,11 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
     fit_rows = {name: [r[i] for i in fit] for name, r in rows.items()}
     test_rows = {name: [r[i] for i in test] for name, r in rows.items()}
     if len(fit) >= PER_FIELD:
-        choice = choose(list(fit_rows.values()), seed)
+        choice = choose(list(fit_rows.values()), seed, objective=objective)
         fields = {name: METHODS[choice.method].fit(r) for name, r in fit_rows.items()}
     else:  # one temperature for every field
         pooled = [row for r in fit_rows.values() for row in r]
-        choice = choose([pooled], seed, ("none", "temperature"))
+        choice = choose([pooled], seed, ("none", "temperature"), objective)
         shared = METHODS[choice.method].fit(pooled)
         fields = {name: shared for name in fit_rows}
     points = {"none": [p for r in test_rows.values() for p in answer_points(Identity(), r)],
@@ -178,7 +178,7 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
 
     none = {name: Identity() for name in fields}
     held_out = {"cases": len(test), "fitted_cases": len(fit), "seed": seed,
-                "method": choice.method, **_summary(points["profile"]),
+                "method": choice.method, "objective": objective, **_summary(points["profile"]),
                 "balanced_accuracy": balanced(fields),
                 "uncalibrated": {**_summary(points["none"]), "balanced_accuracy": balanced(none)},
                 "cross_validated": choice.cross_validated}
