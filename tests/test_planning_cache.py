@@ -75,6 +75,19 @@ def test_refusals_and_large_schemas_are_not_kept(checks):
     assert schema_module._parse_kept.cache_info().currsize == kept
 
 
+@pytest.mark.parametrize("where", ["keyword", "enum"])
+def test_deeply_nested_schemas_are_refused_as_before(where):
+    """Building a cache key must not recurse where the parser refuses at the top."""
+    deep = []
+    for _ in range(950):
+        deep = [deep]
+    raw = fresh_schema(**({"a": {"enum": [deep, 1]}} if where == "enum" else {}))
+    if where == "keyword":
+        raw["x"] = deep
+    with pytest.raises(SchemaError):
+        parse_schema(raw)
+
+
 class Unhashable:
     """A tokenizer wrapper that cannot be a cache key."""
 

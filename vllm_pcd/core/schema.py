@@ -79,11 +79,17 @@ def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
     return _parse(raw, limits) if key is None else _parse_kept(key, limits)
 
 
-def frozen(value: Any, budget: list[int]) -> Any:
+# Deeper values are never kept: the parser refuses them with a 4xx, where building their
+# key would recurse first.
+CACHED_SCHEMA_DEPTH = 32
+
+
+def frozen(value: Any, budget: list[int], depth: int = 0) -> Any:
     """A hashable copy of a JSON value that tells apart what JSON tells apart (`1`, `1.0`,
-    `true`, `"1"`, `-0.0`; key order), or None for anything else or past `budget` characters."""
+    `true`, `"1"`, `-0.0`; key order), or None for anything else, past `budget` characters
+    or past CACHED_SCHEMA_DEPTH levels."""
     budget[0] -= len(value) + 1 if isinstance(value, str) else 1
-    if budget[0] < 0:
+    if budget[0] < 0 or depth > CACHED_SCHEMA_DEPTH:
         return None
     if isinstance(value, str):
         return value
@@ -95,11 +101,11 @@ def frozen(value: Any, budget: list[int]) -> Any:
         if not all(isinstance(k, str) for k in value):
             return None
         budget[0] -= sum(len(k) for k in value)
-        items = tuple((k, frozen(v, budget)) for k, v in value.items())
+        items = tuple((k, frozen(v, budget, depth + 1)) for k, v in value.items())
         return None if budget[0] < 0 or any(v is None for _, v in items) \
             else ("object", items)
     if isinstance(value, list):
-        items = tuple(frozen(v, budget) for v in value)
+        items = tuple(frozen(v, budget, depth + 1) for v in value)
         return None if budget[0] < 0 or any(v is None for v in items) else ("array", items)
     return None
 
