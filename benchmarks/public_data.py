@@ -5,8 +5,10 @@
 Sources (see ../shared/data.md): `dev` (the hand-written set, tuned on), `bigbench:<task>`
 (any BIG-bench JSON task; a subtask as `<task>/<subtask>`), `rotten_tomatoes`, `bbc`, and
 multi-field cases built from them: `rotten_tomatoes_multi` (three reviews, one field each),
-`fever_multi` (three claims), `bbq_pairs` (one BBQ context, its two questions) and
-`bbc_multi` (two or three headlines, labelled with the set of their topics). Cases are
+`fever_multi` (three claims), `bbq_pairs` (one BBQ context, its two questions),
+`bbc_multi` (two or three headlines, labelled with the set of their topics), and two nothing
+was tuned on: `intent_multi` (three utterances, an intent each) and `hotel_reviews_multi`
+(three hotel-review sentences, each positive or not). Cases are
 what a user would send: the text as the message, a schema whose names and descriptions say
 what is asked, and the task's own options (per example where the task has them). Each source
 is sampled with a fixed seed, so every run and method sees the same cases.
@@ -228,6 +230,38 @@ def fever_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
                    {f"claim_{k}_true": truth for k, (_, truth) in enumerate(group, start=1)})
 
 
+def intent_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
+    """Three requests to a voice assistant in one message, each field one's intent (BIG-bench
+    `intent_recognition`, its seven intents)."""
+    _, examples = bigbench_examples("intent_recognition")
+    rows = [(e["input"].removeprefix("Utterance:").strip(),
+             next(o for o, v in e["target_scores"].items() if v == 1)) for e in examples]
+    intents = list(examples[0]["target_scores"])
+    random.Random(SEED).shuffle(rows)
+    for i in range(len(rows) // per_case):
+        group = rows[i * per_case:(i + 1) * per_case]
+        fields = {f"utterance_{k}_intent": enum(intents, f"The intent of utterance {k}")
+                  for k in range(1, per_case + 1)}
+        yield case("intent_multi", i, _numbered([u for u, _ in group], "Utterance"), fields,
+                   {f"utterance_{k}_intent": g for k, (_, g) in enumerate(group, start=1)})
+
+
+def hotel_reviews_multi(per_case: int = 3, cases: int = 1000) -> Iterator[dict[str, Any]]:
+    """Three sentences from hotel reviews in one message (BIG-bench `multiemo`, English,
+    those labelled positive or negative), each field whether one is positive."""
+    _, examples = bigbench_examples("multiemo/hotels_sentence_en")
+    rows = [(e["input"], e["target_scores"]["positive"] == 1) for e in examples
+            if e["target_scores"]["positive"] or e["target_scores"]["negative"]]
+    random.Random(SEED).shuffle(rows)
+    for i in range(min(cases, len(rows) // per_case)):
+        group = rows[i * per_case:(i + 1) * per_case]
+        fields = {f"sentence_{k}_positive": boolean(f"Whether sentence {k} is positive about "
+                                                    "the hotel")
+                  for k in range(1, per_case + 1)}
+        yield case("hotel_reviews_multi", i, _numbered([t for t, _ in group], "Sentence"),
+                   fields, {f"sentence_{k}_positive": g for k, (_, g) in enumerate(group, 1)})
+
+
 BBQ_CATEGORIES = ("age", "disability_status", "gender_identity", "nationality",
                   "physical_appearance", "race_ethnicity", "religion", "ses", "sexual_orientation")
 
@@ -267,7 +301,8 @@ def dev() -> Iterator[dict[str, Any]]:
 SOURCES: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
     "dev": dev, "rotten_tomatoes": rotten_tomatoes, "bbc": bbc, "bbc_multi": bbc_multi,
     "rotten_tomatoes_multi": rotten_tomatoes_multi, "fever_multi": fever_multi,
-    "bbq_pairs": bbq_pairs}
+    "bbq_pairs": bbq_pairs, "intent_multi": intent_multi,
+    "hotel_reviews_multi": hotel_reviews_multi}
 
 
 def load(source: str, limit: int | None = None, balanced: bool = False

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import build_plan, choose_codes
-from vllm_pcd.core.prompt import branch_text, instruction_text, with_instruction
+from vllm_pcd.core.prompt import RECAP, branch_text, instruction_text, with_instruction
 from vllm_pcd.core.sequence import SequenceFieldPlan
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
 
@@ -227,6 +227,27 @@ def test_the_restated_layout_shares_the_list_and_names_the_fields_after_the_docu
                                                     "schema_first"), add_special_tokens=False)
     assert common > len(instruction)  # the field list stays the documents' shared prefix
     assert len(plans[0].shared_ids) > len(plain.shared_ids)
+
+
+def test_the_recap_layout_adds_one_fixed_line_whatever_the_schema(tokenizer):
+    """The recap names no field, so a schema of six fields and one of one add the same
+    tokens after the document, and the field list stays the shared prefix."""
+    six = parse_schema(SIX_FIELD_SCHEMA)
+    one = parse_schema({"type": "object", "properties": {"urgent": {"type": "boolean"}},
+                        "required": ["urgent"], "additionalProperties": False})
+    messages = [{"role": "user", "content": MESSAGE}]
+    added = []
+    for spec in (six, one):
+        recap = build_plan(tokenizer, spec, messages, Options(layout="schema_first_recap"))
+        plain = build_plan(tokenizer, spec, messages, Options(layout="schema_first"))
+        text = tokenizer.decode(list(recap.shared_ids))
+        assert text.index("- urgent") < text.index(MESSAGE) < text.index(RECAP)
+        common = next(i for i, (a, b) in enumerate(zip(recap.shared_ids, plain.shared_ids))
+                      if a != b)
+        instruction = instruction_text([(f, None) for f in spec.fields], "json", "schema_first")
+        assert common > len(tokenizer.encode(instruction, add_special_tokens=False))
+        added.append(len(recap.shared_ids) - len(plain.shared_ids))
+    assert added[0] == added[1] > 0
 
 
 def test_value_ends_per_formulation(tokenizer):

@@ -100,7 +100,8 @@ class Unhashable:
         return getattr(self._tokenizer, name)
 
 
-@pytest.mark.parametrize("layout", ["schema_first", "schema_first_restated", "document_first"])
+@pytest.mark.parametrize("layout", ["schema_first", "schema_first_restated", "schema_first_recap",
+                                    "document_first"])
 def test_kept_tails_plan_exactly_as_planning_from_scratch(tokenizer, layout):
     spec = parse_schema(fresh_schema(topic={"enum": ["billing", "tech support", "other"]},
                                      refund={"type": "boolean"}))

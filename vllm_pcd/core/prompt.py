@@ -21,11 +21,15 @@ CODES_HEADER = ("Answer about the conversation above. For each field below, choo
 # Where the field list goes: after the conversation (in its last user turn), or before it in
 # a system turn, so that documents asked the same schema share its tokens (and their KV);
 # `schema_first_restated` also names the fields again after the conversation, in one line,
-# so the model reads the question after the text as well, and the list stays shared.
+# so the model reads the question after the text as well, and the list stays shared;
+# `schema_first_recap` says the same in one fixed line that names no field, so what it adds
+# to each document does not grow with the schema.
 # `bare` adds nothing: the conversation as the client sent it, for clients that wrote their
 # prompt for vLLM's own grammar decoding (structured outputs), which shows the model no schema.
-LAYOUTS = ("document_first", "schema_first", "schema_first_restated", "bare")
+LAYOUTS = ("document_first", "schema_first", "schema_first_restated", "schema_first_recap",
+           "bare")
 RESTATEMENT = "Now answer the fields listed before the conversation ({names}) about it."
+RECAP = "Now answer the fields listed before the conversation about it."
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
 
 
@@ -117,7 +121,8 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str,
                      ) -> list[dict[str, Any]]:
     """The conversation with the field list: appended to the last user turn (or as a new
     one, keeping roles alternating), or schema-first at the head of the system turn, where
-    `schema_first_restated` also appends the restatement of the field `names`."""
+    `schema_first_restated` also appends the restatement of the field `names`, and
+    `schema_first_recap` its fixed recap line."""
     messages = [dict(m) for m in messages]
     if layout == "bare":
         return messages
@@ -131,6 +136,8 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str,
         messages.insert(0, {"role": "system", "content": instruction})
     if layout == "schema_first_restated":
         return _after_the_conversation(messages, RESTATEMENT.format(names=", ".join(names)))
+    if layout == "schema_first_recap":
+        return _after_the_conversation(messages, RECAP)
     return messages
 
 
