@@ -205,61 +205,55 @@ def _numbered(items: list[str], noun: str) -> str:
     return "\n".join(f"{noun} {k}: {text.strip()}" for k, text in enumerate(items, start=1))
 
 
-def rotten_tomatoes_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
-    rows = rotten_tomatoes_rows()
+def _grouped(source: str, rows: list[tuple[str, Any]], noun: str, key: str,
+             field: Callable[[int], dict[str, Any]], per_case: int = 3,
+             cases: int | None = None) -> Iterator[dict[str, Any]]:
+    """Texts of one task `per_case` to a message (`<noun> k: …`), shuffled with the fixed
+    seed, each text a field named `key` with its k; its gold answer that field's."""
+    rows = list(rows)
     random.Random(SEED).shuffle(rows)
-    for i in range(len(rows) // per_case):
+    for i in range(min(len(rows) // per_case, cases or len(rows))):
         group = rows[i * per_case:(i + 1) * per_case]
-        fields = {f"review_{k}_positive": boolean(f"Whether review {k} is positive about its film")
-                  for k in range(1, per_case + 1)}
-        yield case("rotten_tomatoes_multi", i, _numbered([t for t, _ in group], "Review"),
-                   fields, {f"review_{k}_positive": fresh
-                            for k, (_, fresh) in enumerate(group, start=1)})
+        names = [key.format(k=k) for k in range(1, per_case + 1)]
+        yield case(source, i, _numbered([text for text, _ in group], noun),
+                   {name: field(k) for k, name in enumerate(names, start=1)},
+                   {name: gold for name, (_, gold) in zip(names, group)})
 
 
-def fever_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
+def rotten_tomatoes_multi() -> Iterator[dict[str, Any]]:
+    yield from _grouped("rotten_tomatoes_multi", rotten_tomatoes_rows(), "Review",
+                        "review_{k}_positive",
+                        lambda k: boolean(f"Whether review {k} is positive about its film"))
+
+
+def fever_multi() -> Iterator[dict[str, Any]]:
     _, examples = bigbench_examples("fact_checker/fever")
     claims = [(e["input"].split("claim was made:")[-1].split("\nQ:")[0],
                e["target_scores"]["true"] == 1) for e in examples]
-    random.Random(SEED).shuffle(claims)
-    for i in range(len(claims) // per_case):
-        group = claims[i * per_case:(i + 1) * per_case]
-        fields = {f"claim_{k}_true": boolean(f"Whether claim {k} is true")
-                  for k in range(1, per_case + 1)}
-        yield case("fever_multi", i, _numbered([c for c, _ in group], "Claim"), fields,
-                   {f"claim_{k}_true": truth for k, (_, truth) in enumerate(group, start=1)})
+    yield from _grouped("fever_multi", claims, "Claim", "claim_{k}_true",
+                        lambda k: boolean(f"Whether claim {k} is true"))
 
 
-def intent_multi(per_case: int = 3) -> Iterator[dict[str, Any]]:
+def intent_multi() -> Iterator[dict[str, Any]]:
     """Three requests to a voice assistant in one message, each field one's intent (BIG-bench
     `intent_recognition`, its seven intents)."""
     _, examples = bigbench_examples("intent_recognition")
     rows = [(e["input"].removeprefix("Utterance:").strip(),
              next(o for o, v in e["target_scores"].items() if v == 1)) for e in examples]
     intents = list(examples[0]["target_scores"])
-    random.Random(SEED).shuffle(rows)
-    for i in range(len(rows) // per_case):
-        group = rows[i * per_case:(i + 1) * per_case]
-        fields = {f"utterance_{k}_intent": enum(intents, f"The intent of utterance {k}")
-                  for k in range(1, per_case + 1)}
-        yield case("intent_multi", i, _numbered([u for u, _ in group], "Utterance"), fields,
-                   {f"utterance_{k}_intent": g for k, (_, g) in enumerate(group, start=1)})
+    yield from _grouped("intent_multi", rows, "Utterance", "utterance_{k}_intent",
+                        lambda k: enum(intents, f"The intent of utterance {k}"))
 
 
-def hotel_reviews_multi(per_case: int = 3, cases: int = 1000) -> Iterator[dict[str, Any]]:
+def hotel_reviews_multi() -> Iterator[dict[str, Any]]:
     """Three sentences from hotel reviews in one message (BIG-bench `multiemo`, English,
     those labelled positive or negative), each field whether one is positive."""
     _, examples = bigbench_examples("multiemo/hotels_sentence_en")
     rows = [(e["input"], e["target_scores"]["positive"] == 1) for e in examples
             if e["target_scores"]["positive"] or e["target_scores"]["negative"]]
-    random.Random(SEED).shuffle(rows)
-    for i in range(min(cases, len(rows) // per_case)):
-        group = rows[i * per_case:(i + 1) * per_case]
-        fields = {f"sentence_{k}_positive": boolean(f"Whether sentence {k} is positive about "
-                                                    "the hotel")
-                  for k in range(1, per_case + 1)}
-        yield case("hotel_reviews_multi", i, _numbered([t for t, _ in group], "Sentence"),
-                   fields, {f"sentence_{k}_positive": g for k, (_, g) in enumerate(group, 1)})
+    yield from _grouped("hotel_reviews_multi", rows, "Sentence", "sentence_{k}_positive",
+                        lambda k: boolean(f"Whether sentence {k} is positive about the hotel"),
+                        cases=1000)
 
 
 BBQ_CATEGORIES = ("age", "disability_status", "gender_identity", "nationality",
