@@ -20,9 +20,15 @@ BBQ = {"examples": [
 ]}
 
 
+INTENTS = {"examples": [
+    {"input": f"Utterance: request {i}", "target_scores": {"play_music": int(i % 2 == 0),
+                                                         "get_weather": int(i % 2 == 1)}}
+    for i in range(7)]}
+
+
 @pytest.fixture
 def tasks(monkeypatch):
-    files = {"strategyqa": YES_NO, "other/sub": BBQ}
+    files = {"strategyqa": YES_NO, "other/sub": BBQ, "intent_recognition": INTENTS}
     files.update({f"bbq_lite_json/{c}_{k}": BBQ if (c, k) == ("age", "ambig") else {"examples": []}
                   for c in public_data.BBQ_CATEGORIES for k in ("ambig", "disambig")})
     monkeypatch.setattr(public_data, "bigbench_tasks", lambda names: [files[n] for n in names])
@@ -53,3 +59,21 @@ def test_bbq_pairs_ask_both_questions_of_one_context(tasks):
 def test_sampling_is_fixed_by_the_seed(tasks):
     first = public_data.load("bigbench:strategyqa", 1)
     assert first == public_data.load("bigbench:strategyqa", 1)
+
+
+def test_multi_field_sets_give_each_text_its_own_field_and_gold(tasks):
+    cases = list(public_data.intent_multi())
+    assert len(cases) == 2  # seven utterances make two whole cases of three
+    seen = []
+    for case in cases:
+        parse_schema(case["schema"])
+        lines = case["message"].splitlines()
+        assert [line.split(":")[0] for line in lines] == ["Utterance 1", "Utterance 2",
+                                                          "Utterance 3"]
+        for k, line in enumerate(lines, start=1):
+            number = int(line.rsplit(" ", 1)[1])
+            gold = "play_music" if number % 2 == 0 else "get_weather"
+            assert case["expected"][f"utterance_{k}_intent"] == gold
+            seen.append(number)
+    assert len(set(seen)) == 6
+    assert cases == list(public_data.intent_multi())
