@@ -30,10 +30,12 @@ from benchmarks.methods import Client, Outcome, Task, load_tokenizer, make_task,
 from benchmarks.metrics import is_schema_valid, median
 
 # (method, layout) rows; AR JSON gets the field list first, so it shares the prefix cache too.
-# The restated layout (the default) has a floor of its own: it adds a line per document.
+# The restated layout (the default) and the recap have floors of their own: each adds a
+# line per document.
 ROWS = [("pcd_token", "schema_first"), ("pcd_token", "document_first"),
         ("ar_json", "schema_first"), ("per_field", "schema_first"), ("floor", "schema_first"),
-        ("pcd_token", "schema_first_restated"), ("floor", "schema_first_restated")]
+        ("pcd_token", "schema_first_restated"), ("floor", "schema_first_restated"),
+        ("pcd_token", "schema_first_recap"), ("floor", "schema_first_recap")]
 BASELINE = ("ar_json", "schema_first")
 
 
