@@ -50,15 +50,6 @@ def summary(points: list[tuple[float, bool]]) -> dict[str, Any]:
             "reliability": reliability(points)}
 
 
-def fresh_cases(source: str, limit: int, exclude: list[int]) -> list[dict[str, Any]]:
-    """`limit` cases of a task drawn with the fixed seed from those no earlier draw of the
-    `exclude` sizes held (the draws earlier runs measured on)."""
-    key = lambda case: json.dumps(case, sort_keys=True)  # noqa: E731
-    seen = {key(c) for n in exclude for c in public_data.load(source, n)}
-    rest = [c for c in public_data.load(source) if key(c) not in seen]
-    return random.Random(public_data.SEED).sample(rest, min(limit, len(rest)))
-
-
 Groups = list[tuple[dict[str, Any], dict[str, list[Row]]]]
 
 
@@ -149,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         llm = LLM(args.model, dtype=args.dtype, max_model_len=4096,
                   enable_prefix_caching=True, seed=0)
         scored = {group: labelled_groups(llm, [c for source in sources for c in
-                                               fresh_cases(source, args.limit, args.exclude)],
+                                               public_data.load(source, args.limit, exclude=args.exclude)],
                                          options)
                   for group, sources in groups.items() if sources}
     text = io.StringIO()

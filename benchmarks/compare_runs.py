@@ -26,14 +26,15 @@ def _interval(a: list[Case], b: list[Case], exact: bool) -> str:
 
 
 def compare(run_a: dict, method_a: str, run_b: dict, method_b: str) -> list[str]:
-    if (run_a["limit"], run_a.get("sample")) != (run_b["limit"], run_b.get("sample")):
-        raise SystemExit("the runs drew different cases (--limit or --sample)")
+    drawn = ("limit", "sample", "exclude")
+    if [run_a.get(k) or None for k in drawn] != [run_b.get(k) or None for k in drawn]:
+        raise SystemExit("the runs drew different cases (--limit, --sample or --exclude)")
     balanced = run_a.get("sample") == "balanced"
     lines, pooled_a, pooled_b = [], [], []
     for task in run_a["tasks"]:
         if task not in run_b["tasks"]:
             continue
-        cases = load(task, run_a["limit"], balanced=balanced)
+        cases = load(task, run_a["limit"], balanced=balanced, exclude=run_a.get("exclude") or ())
         answers_a = run_a["tasks"][task]["answers"][method_a]
         answers_b = run_b["tasks"][task]["answers"][method_b]
         a = [Case(c["schema"], c["expected"], answers_a.get(c["id"])) for c in cases]

@@ -134,7 +134,8 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
     tasks, pooled_cases, pooled = {}, [], {}
     try:
         for source in args.data:
-            cases = public_data.load(source, args.limit, balanced=args.sample == "balanced")
+            cases = public_data.load(source, args.limit, balanced=args.sample == "balanced",
+                                     exclude=args.exclude)
             runs = await evaluate_task(client, tokenizer, source, cases, args.methods,
                                        args.concurrency, args.layout)
             tasks[source] = {**task_report(cases, runs),
@@ -149,7 +150,7 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
     finally:
         await client.close()
     return {"serving": serving, "model": str(args.model), "data": args.data, "limit": args.limit,
-            "sample": args.sample,
+            "sample": args.sample, "exclude": args.exclude,
             "concurrency": args.concurrency, "layout": args.layout,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code, "tasks": tasks,
             "overall": task_report(pooled_cases, pooled)}
@@ -243,6 +244,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", choices=["natural", "balanced"], default="natural",
                         help="balanced: as many cases of each gold answer (of the first "
                              "field) as the rarest has, up to --limit")
+    parser.add_argument("--exclude", type=int, nargs="*", default=[], metavar="N",
+                        help="leave out every case that --limit N drew (fresh cases beside "
+                             "earlier runs)")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                         help="where every method is given the field list")

@@ -27,7 +27,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from benchmarks.metrics import label_balanced
 from vllm_pcd.models import cache_dir
@@ -299,17 +299,25 @@ SOURCES: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
     "hotel_reviews_multi": hotel_reviews_multi}
 
 
-def load(source: str, limit: int | None = None, balanced: bool = False
-         ) -> list[dict[str, Any]]:
+def load(source: str, limit: int | None = None, balanced: bool = False,
+         exclude: Sequence[int] = ()) -> list[dict[str, Any]]:
     """`limit` cases drawn with a fixed seed (all of them, in file order, without one); a
     path is read as JSON lines of cases. `balanced` draws as many cases of each gold answer
-    of the first field as the rarest has (`metrics.label_balanced`)."""
+    of the first field as the rarest has (`metrics.label_balanced`). `exclude` leaves out
+    every case that natural draws of those sizes hold: fresh cases for a new measurement
+    beside runs that already looked at those."""
     if source.startswith("bigbench:"):
         cases = list(bigbench(source.split(":", 1)[1]))
     elif source in SOURCES:
         cases = list(SOURCES[source]())
     else:
         cases = jsonl(Path(source))
+    if exclude:
+        key = lambda case: json.dumps(case, sort_keys=True)  # noqa: E731
+        seen = {key(c) for n in exclude for c in load(source, n)}
+        cases = [c for c in cases if key(c) not in seen]
+        if not balanced:
+            return random.Random(SEED).sample(cases, min(limit or len(cases), len(cases)))
     if balanced:
         return label_balanced(cases, limit, SEED)
     if limit and limit < len(cases):

@@ -77,3 +77,11 @@ def test_multi_field_sets_give_each_text_its_own_field_and_gold(tasks):
             seen.append(number)
     assert len(set(seen)) == 6
     assert cases == list(public_data.intent_multi())
+
+
+def test_excluded_draws_leave_only_fresh_cases(tasks):
+    first = public_data.load("intent_multi", 1)
+    fresh = public_data.load("intent_multi", 5, exclude=[1])
+    assert len(fresh) == 1 and fresh[0]["id"] != first[0]["id"]
+    assert fresh == public_data.load("intent_multi", 5, exclude=[1])
+    assert public_data.load("intent_multi", 5, exclude=[2]) == []
