@@ -250,6 +250,20 @@ def test_the_recap_layout_adds_one_fixed_line_whatever_the_schema(tokenizer):
     assert added[0] == added[1] > 0
 
 
+def test_the_auto_layout_names_a_lone_field_and_recaps_several(tokenizer):
+    six = parse_schema(SIX_FIELD_SCHEMA)
+    one = parse_schema({"type": "object", "properties": {"urgent": {"type": "boolean"}},
+                        "required": ["urgent"], "additionalProperties": False})
+    messages = [{"role": "user", "content": MESSAGE}]
+    for spec, same_as in ((one, "schema_first_restated"), (six, "schema_first_recap")):
+        auto = build_plan(tokenizer, spec, messages, Options(layout="schema_first_auto"))
+        other = build_plan(tokenizer, spec, messages, Options(layout=same_as))
+        assert auto.shared_ids == other.shared_ids
+    text = tokenizer.decode(list(build_plan(tokenizer, one, messages,
+                                            Options(layout="schema_first_auto")).shared_ids))
+    assert "(urgent) about it" in text
+
+
 def test_value_ends_per_formulation(tokenizer):
     """json_next: whole values, then what follows them in the object (`,` or, alone, `}`);
     json_prefix: each value up to its unique token, booleans included."""

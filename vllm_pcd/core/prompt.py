@@ -23,11 +23,12 @@ CODES_HEADER = ("Answer about the conversation above. For each field below, choo
 # `schema_first_restated` also names the fields again after the conversation, in one line,
 # so the model reads the question after the text as well, and the list stays shared;
 # `schema_first_recap` says the same in one fixed line that names no field, so what it adds
-# to each document does not grow with the schema.
+# to each document does not grow with the schema; `schema_first_auto` restates a lone field
+# by name and recaps two or more (each read better there: README, Accuracy).
 # `bare` adds nothing: the conversation as the client sent it, for clients that wrote their
 # prompt for vLLM's own grammar decoding (structured outputs), which shows the model no schema.
 LAYOUTS = ("document_first", "schema_first", "schema_first_restated", "schema_first_recap",
-           "bare")
+           "schema_first_auto", "bare")
 RESTATEMENT = "Now answer the fields listed before the conversation ({names}) about it."
 RECAP = "Now answer the fields listed before the conversation about it."
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
@@ -122,8 +123,9 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str,
                      ) -> list[dict[str, Any]]:
     """The conversation with the field list: appended to the last user turn (or as a new
     one, keeping roles alternating), or schema-first at the head of the system turn, where
-    `schema_first_restated` also appends the restatement of the field `names`, and
-    `schema_first_recap` its fixed recap line."""
+    `schema_first_restated` also appends the restatement of the field `names`,
+    `schema_first_recap` its fixed recap line, and `schema_first_auto` the first for one
+    field, the second for more."""
     messages = [dict(m) for m in messages]
     if layout == "bare":
         return messages
@@ -135,6 +137,8 @@ def with_instruction(messages: list[dict[str, Any]], instruction: str,
         first["content"] = f"{instruction}\n\n{first['content']}"
     else:
         messages.insert(0, {"role": "system", "content": instruction})
+    if layout == "schema_first_auto":
+        layout = "schema_first_restated" if len(names) == 1 else "schema_first_recap"
     if layout == "schema_first_restated":
         return _after_the_conversation(messages, RESTATEMENT.format(names=", ".join(names)))
     if layout == "schema_first_recap":
