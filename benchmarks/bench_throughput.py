@@ -30,12 +30,12 @@ from benchmarks.methods import Client, Outcome, Task, load_tokenizer, make_task,
 from benchmarks.metrics import is_schema_valid, median
 
 # (method, layout) rows; AR JSON gets the field list first, so it shares the prefix cache too.
-# The recap layout (the default) and the restated one have floors of their own: each adds a
-# line per document.
+# The default layout (`schema_first_auto`, a recap line at these sizes) and the restated one
+# have floors of their own: each adds a line per document.
 ROWS = [("pcd_token", "schema_first"), ("pcd_token", "document_first"),
         ("ar_json", "schema_first"), ("per_field", "schema_first"), ("floor", "schema_first"),
         ("pcd_token", "schema_first_restated"), ("floor", "schema_first_restated"),
-        ("pcd_token", "schema_first_recap"), ("floor", "schema_first_recap")]
+        ("pcd_token", "schema_first_auto"), ("floor", "schema_first_auto")]
 BASELINE = ("ar_json", "schema_first")
 
 
