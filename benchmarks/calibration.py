@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         llm = LLM(args.model, dtype=args.dtype, max_model_len=4096,
                   enable_prefix_caching=True, seed=0)
-        scored = {group: labelled_groups(llm, [c for source in sources for c in
-                                               public_data.load(source, args.limit, exclude=args.exclude)],
-                                         options)
+        drawn = {source: public_data.load(source, args.limit, exclude=args.exclude)
+                 for sources in groups.values() for source in sources}
+        scored = {group: labelled_groups(llm, [c for s in sources for c in drawn[s]], options)
                   for group, sources in groups.items() if sources}
     text = io.StringIO()
     tasks, pooled = [], {}
