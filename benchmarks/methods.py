@@ -121,9 +121,10 @@ def _error_text(err: openai.APIStatusError) -> str:
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
               formulation: str = DEFAULT_FORMULATION, calibration: str = "none",
-              joint: bool = False) -> Outcome:
+              joint: bool = False, decision: str = "most_probable") -> Outcome:
     options = {"pcd_schema": task.schema, "pcd_mode": mode, "pcd_formulation": formulation,
-               "pcd_layout": task.layout, "pcd_calibration": calibration, "pcd_joint": joint}
+               "pcd_layout": task.layout, "pcd_calibration": calibration, "pcd_joint": joint,
+               "pcd_decision": decision}
     try:
         resp = await client.api.chat.completions.create(
             model=client.model, messages=task.messages, temperature=0,
@@ -173,6 +174,11 @@ async def pcd_token_json(client: Client, task: Task, salt: str) -> Outcome:
 async def pcd_token_joint(client: Client, task: Task, salt: str) -> Outcome:
     """Token mode with every field reading the values chosen before it (`pcd_joint`)."""
     return await pcd(client, task, salt, joint=True)
+
+
+async def pcd_token_greedy(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, each value chosen as a constrained greedy decoder would (`pcd_decision`)."""
+    return await pcd(client, task, salt, decision="greedy")
 
 
 def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
@@ -385,6 +391,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_json_tight": pcd_token_json_tight,
     "pcd_token_cf": pcd_token_cf,
     "pcd_token_joint": pcd_token_joint,
+    "pcd_token_greedy": pcd_token_greedy,
     "ar_json": ar_json,
     "pcd_response_format": pcd_response_format,
     "pcd_guided_choice": pcd_guided_choice,
@@ -397,7 +404,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
              "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "pcd_token_joint",
-             "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
+             "pcd_token_greedy", "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
              "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
 
 

@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -42,3 +43,40 @@ def test_assemble_types_and_order():
 def test_score_count_must_match_options():
     with pytest.raises(ValueError):
         field_result(FieldSpec("t", "enum", ("a", "b")), [-1.0])
+
+
+# Three options: two share their first token (7) and split its 0.6; the third holds 0.4.
+SPLIT = dict(raw=[math.log(0.3), math.log(0.3), math.log(0.4)],
+             paths=[(1, 7, 8), (1, 7, 9), (1, 5)])
+
+
+def test_greedy_takes_the_heaviest_shared_token_where_most_probable_takes_the_heaviest_value():
+    field = FieldSpec("intent", "enum", ("search_event", "search_work", "get_weather"))
+    r = field_result(field, SPLIT["raw"], paths=SPLIT["paths"])
+    assert r.value == "get_weather" and r.margin == pytest.approx(math.log(0.4 / 0.3))
+    greedy = replace(r, decision="greedy")
+    assert greedy.value == "search_event"  # 0.6 behind token 7; then the tie to schema order
+    assert greedy.margin == pytest.approx(math.log(0.3 / 0.4))  # below the best other option
+    assert greedy.diagnostics()["decision"] == "greedy"
+    assert "decision" not in r.diagnostics()
+    assert [c["probability"] for c in greedy.diagnostics()["candidates"]] == pytest.approx(
+        [0.3, 0.3, 0.4])  # the decision changes the value, never the scores
+
+
+@pytest.mark.parametrize("raw", [[-0.2, -3.0, -1.5], [-3.0, -0.2, -1.5], [-2.0, -2.5, -0.3]])
+def test_greedy_and_most_probable_agree_where_no_token_is_shared(raw):
+    field = FieldSpec("t", "enum", ("a", "b", "c"))
+    r = field_result(field, raw, paths=[(1, 4), (1, 5), (1, 6)])
+    assert replace(r, decision="greedy").value == r.value
+    assert replace(field_result(field, raw), decision="greedy").value == r.value  # no paths
+
+
+def test_a_greedy_group_decides_at_every_shared_token():
+    # 0.45 behind token 2 and 0.55 behind token 4, split 0.3 / 0.25.
+    field = FieldSpec("t", "enum", ("a", "b", "c", "d"))
+    r = field_result(field, [math.log(p) for p in (0.25, 0.2, 0.3, 0.25)],
+                     paths=[(2, 3), (2, 6), (4, 3), (4, 6)])
+    assert r.value == "c" and replace(r, decision="greedy").value == "c"
+    r = field_result(field, [math.log(p) for p in (0.35, 0.05, 0.3, 0.3)],
+                     paths=[(2, 3), (2, 6), (4, 3), (4, 6)])
+    assert r.value == "a" and replace(r, decision="greedy").value == "c"  # 0.6 behind 4

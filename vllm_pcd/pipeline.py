@@ -171,7 +171,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                                  cache_salt=cache_salt)
         ran = dict(zip(missing, executions[len(plans):]))
         resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
-        calls = [[Round.scored(p, ex, options.normalization)]
+        calls = [[Round.scored(p, ex, options)]
                  for p, ex in zip(plans, executions)]
         docs = todo[at:at + len(plans)]
         # A conditioned round of every document that has one, submitted together.
@@ -182,7 +182,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
             for (_, call), plan, execution in zip(todo_now, later, run_offline(
                     llm, later, branches_per_batch=limits.max_branches_per_batch,
                     cache_salt=cache_salt)):
-                call.append(Round.scored(plan, execution, options.normalization))
+                call.append(Round.scored(plan, execution, options))
         results += [finish(spec, call, plan_s, route, resolved.get(empty),
                            read_values(spec, options.joint, answered(call).values), profile)
                     for call, empty in zip(calls, empties)]
@@ -255,13 +255,13 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
             prior = pending.resolve()
     if execution is None:
         execution = await execute(plan, call.request_id)
-    rounds = [Round.scored(plan, execution, options.normalization)]
+    rounds = [Round.scored(plan, execution, options)]
     while rounds[-1].plan.leaves:
         start = time.perf_counter()
         plan = await plan_of(messages, answered(rounds))
         plan_s += time.perf_counter() - start
         rid = call.request_id and f"{call.request_id}-r{len(rounds)}"
-        rounds.append(Round.scored(plan, await execute(plan, rid), options.normalization))
+        rounds.append(Round.scored(plan, await execute(plan, rid), options))
     return finish(spec, rounds, plan_s, online.projection_route, prior,
                   read_values(spec, options.joint, answered(rounds).values),
                   online.profiles.find(spec, options))

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from vllm_pcd.core.decision import DECISIONS
 from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 
@@ -19,11 +20,12 @@ class FieldResult:
     scores: tuple[float, ...]  # log-probability of each option over the allowed set
     extra: dict[str, Any] = field(default_factory=dict)  # mode-specific diagnostics
     candidate_extra: tuple[dict[str, Any], ...] = ()     # per option, likewise
+    paths: tuple[tuple[int, ...], ...] = ()  # each option's tokens, where it has several
+    decision: str = "most_probable"          # how the value is chosen (`decision.DECISIONS`)
 
     @property
     def best_index(self) -> int:
-        # max() keeps the first of equal scores: ties go to schema order.
-        return max(range(len(self.scores)), key=self.scores.__getitem__)
+        return DECISIONS[self.decision](self.scores, self.paths)
 
     @property
     def value(self) -> Any:
@@ -31,11 +33,12 @@ class FieldResult:
 
     @property
     def margin(self) -> float | None:
-        """Log-probability gap between the best and the second-best option."""
+        """Log-probability gap between the chosen option and the best other one (negative
+        where a greedy decision chose a less probable value)."""
         if len(self.scores) < 2:
             return None
-        first, second = sorted(self.scores, reverse=True)[:2]
-        return first - second
+        best = self.best_index
+        return self.scores[best] - max(s for i, s in enumerate(self.scores) if i != best)
 
     def diagnostics(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class FieldResult:
                                                self.candidate_extra or [{}] * len(self.scores))
             ],
             "margin": self.margin,
+            **({"decision": self.decision} if self.decision != "most_probable" else {}),
             **self.extra,
         }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from vllm_pcd.core.decision import DECISIONS
 from vllm_pcd.core.prompt import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATIONS, LAYOUTS
 from vllm_pcd.core.schema import MODES, SchemaError, shown
 from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
@@ -16,9 +17,10 @@ from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
 # The request's `chat_template_kwargs` key of each client-settable option.
 KEYS = {"mode": "pcd_mode", "normalization": "pcd_normalization",
         "formulation": "pcd_formulation", "layout": "pcd_layout",
-        "calibration": "pcd_calibration", "joint": "pcd_joint"}
+        "calibration": "pcd_calibration", "joint": "pcd_joint", "decision": "pcd_decision"}
 _CHOICES = {"mode": MODES, "normalization": tuple(NORMALIZATIONS),
-            "formulation": tuple(FORMULATIONS), "layout": LAYOUTS, "calibration": CALIBRATIONS}
+            "formulation": tuple(FORMULATIONS), "layout": LAYOUTS, "calibration": CALIBRATIONS,
+            "decision": tuple(DECISIONS)}
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class Options:
     """`mode` is the default for fields without their own `x-pcd-mode`; `normalization`
     applies to sequence-mode values; `calibration="content_free"` divides out the schema's
     content-free prior. `joint` answers the fields in schema order, each reading the values
-    chosen before it (`core.conditioning`). `full_vocabulary` keeps the stock LM head for every scoring, so each
+    chosen before it (`core.conditioning`). `decision` chooses each field's value from its
+    scores (`core.decision`). `full_vocabulary` keeps the stock LM head for every scoring, so each
     field also reports its options' mass over the whole vocabulary (the decision routes ask
     for it; a client of the chat route cannot)."""
 
@@ -36,6 +39,7 @@ class Options:
     layout: str = DEFAULT_LAYOUT
     calibration: str = "none"
     joint: bool = False
+    decision: str = "most_probable"
     full_vocabulary: bool = False
 
     def __post_init__(self) -> None:

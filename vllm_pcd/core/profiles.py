@@ -89,12 +89,14 @@ class Profile:
         out = []
         for result in results:
             scores = self.fields[result.field.name].apply(result.scores)
-            extra = dict(result.extra)
-            if (threshold := self.thresholds.get(result.field.name)) is not None:
-                extra["low_confidence"] = math.exp(max(scores)) < threshold
             more = result.candidate_extra or tuple({} for _ in scores)
-            out.append(FieldResult(result.field, tuple(scores), extra, tuple(
-                {**m, "uncalibrated_score": raw} for m, raw in zip(more, result.scores))))
+            mapped = dataclasses.replace(result, scores=tuple(scores), candidate_extra=tuple(
+                {**m, "uncalibrated_score": raw} for m, raw in zip(more, result.scores)))
+            if (threshold := self.thresholds.get(result.field.name)) is not None:
+                chosen = math.exp(mapped.scores[mapped.best_index])
+                mapped = dataclasses.replace(mapped, extra={**mapped.extra,
+                                                            "low_confidence": chosen < threshold})
+            out.append(mapped)
         return tuple(out)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from vllm_pcd.core.assemble import FieldResult, assemble, to_json
 from vllm_pcd.core.calibration import Prior
 from vllm_pcd.core.execution import Execution
+from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import Plan
 from vllm_pcd.core.profiles import Profile
 from vllm_pcd.core.schema import SchemaSpec
@@ -29,8 +30,9 @@ class Round:
     fields: tuple[FieldResult, ...]
 
     @classmethod
-    def scored(cls, plan: Plan, execution: Execution, normalization: str) -> Round:
-        return cls(plan, execution, field_results(plan, execution.branches, normalization))
+    def scored(cls, plan: Plan, execution: Execution, options: Options) -> Round:
+        return cls(plan, execution, field_results(plan, execution.branches,
+                                                  options.normalization, options.decision))
 
 
 @dataclass(frozen=True)

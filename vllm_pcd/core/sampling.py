@@ -45,6 +45,9 @@ def draw_values(results: Sequence[FieldResult], temperature: float, top_p: float
     rng = random.Random(seed)
     out = []
     for r in results:
+        if temperature <= 0:  # the field's own decision, greedy or most probable
+            out.append(r.value)
+            continue
         chances = value_distribution(r.scores, temperature, top_p)
         out.append(r.field.options[rng.choices(range(len(chances)), weights=chances)[0]])
     return out

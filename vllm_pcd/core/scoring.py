@@ -10,6 +10,7 @@ allowed options: a model's preference among them, not the chance that it is righ
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from vllm_pcd.core.assemble import FieldResult
@@ -27,13 +28,14 @@ def log_softmax(values: Sequence[float]) -> list[float]:
 
 def field_result(field: FieldSpec, raw_logprobs: Sequence[float],
                  extra: dict[str, Any] | None = None,
-                 candidate_extra: Sequence[dict[str, Any]] = ()) -> FieldResult:
+                 candidate_extra: Sequence[dict[str, Any]] = (),
+                 paths: Sequence[tuple[int, ...]] = ()) -> FieldResult:
     """Engine log-probabilities renormalised over the field's options."""
     if len(raw_logprobs) != len(field.options):
         raise ValueError(f"{field.name}: {len(raw_logprobs)} scores for "
                          f"{len(field.options)} options")
     return FieldResult(field, tuple(log_softmax(raw_logprobs)), dict(extra or {}),
-                       tuple(candidate_extra))
+                       tuple(candidate_extra), tuple(paths))
 
 
 def total(logprob_sum: float, tokens: int) -> float:
@@ -70,10 +72,11 @@ def token_field(field: FieldSpec, codes: Sequence[str], code_ids: Sequence[int],
 
 def sequence_field(field: FieldSpec, mode: str, sums: Sequence[float], tokens: Sequence[int],
                    normalization: str, reports: Sequence[RequestReport], first: RequestReport,
-                   allowed: set[int]) -> FieldResult:
+                   allowed: set[int], paths: Sequence[tuple[int, ...]]) -> FieldResult:
     """Each option's summed token log-probabilities (`sums`, over `tokens` tokens), length
-    normalised, renormalised. Scored up to unique prefixes (token mode) the joint probability
-    is the score, whatever the normalization asked."""
+    normalised, renormalised; `paths` are the options' tokens, for a greedy decision. Scored
+    up to unique prefixes (token mode) the joint probability is the score, whatever the
+    normalization asked."""
     normalization = "sum" if mode == "token" else normalization
     normalize = NORMALIZATIONS[normalization]
     normalized = [normalize(s, n) for s, n in zip(sums, tokens)]
@@ -81,7 +84,8 @@ def sequence_field(field: FieldSpec, mode: str, sums: Sequence[float], tokens: S
                      for s, n, v in zip(sums, tokens, normalized)]
     return field_result(field, normalized,
                         {"mode": mode, "normalization": normalization,
-                         **vocabulary_extra(reports, first, allowed, sums)}, per_candidate)
+                         **vocabulary_extra(reports, first, allowed, sums)}, per_candidate,
+                        paths)
 
 
 CALIBRATIONS = ("none", "content_free")
@@ -96,16 +100,18 @@ def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
     for result, empty in zip(results, prior):
         scores = log_softmax([s - e for s, e in zip(result.scores, empty.scores)])
         extra = result.candidate_extra or tuple({} for _ in result.scores)
-        out.append(FieldResult(result.field, tuple(scores), result.extra, tuple(
+        out.append(replace(result, scores=tuple(scores), candidate_extra=tuple(
             {**more, "uncalibrated_score": raw, "prior_score": base}
             for more, raw, base in zip(extra, result.scores, empty.scores))))
     return tuple(out)
 
 
-def field_results(plan: Any, branches: Sequence[RequestReport], normalization: str
-                  ) -> tuple[FieldResult, ...]:
-    """Every field of `plan` (a `plan.Plan`) scored from its scorings' reports, in order."""
+def field_results(plan: Any, branches: Sequence[RequestReport], normalization: str,
+                  decision: str = "most_probable") -> tuple[FieldResult, ...]:
+    """Every field of `plan` (a `plan.Plan`) scored from its scorings' reports, in order,
+    each choosing its value by `decision`."""
     by_field: dict[int, list[RequestReport]] = {}
     for scoring, report in zip(plan.scorings, branches):
         by_field.setdefault(scoring.field_index, []).append(report)
-    return tuple(fp.score(by_field.get(i, []), normalization) for i, fp in enumerate(plan.fields))
+    return tuple(replace(fp.score(by_field.get(i, []), normalization), decision=decision)
+                 for i, fp in enumerate(plan.fields))

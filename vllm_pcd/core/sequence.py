@@ -84,7 +84,7 @@ class SequenceFieldPlan:
         return scoring.sequence_field(
             self.field, self.mode, sums, [self.value_tokens(i) for i in range(len(sums))],
             normalization, reports, reports[self.nodes.index(first[0])],
-            {t for n in first for t in n.children})
+            {t for n in first for t in n.children}, self.candidates)
 
 
 def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
