@@ -152,6 +152,29 @@ def test_a_junk_layout_is_a_400_naming_pcd_layout(client, layout):
     assert "pcd_layout" in str(err.value)
 
 
+def test_a_greedy_decision_over_http_keeps_the_scores_and_follows_the_shared_token(client):
+    """`pcd_decision: greedy` changes the choice, never the probabilities: the two `billing_…`
+    values share their first token, so greedy takes the likelier of them whenever their sum
+    beats each other value, and the most probable value otherwise."""
+    from tests.test_sequence import SPLIT, SPLIT_MESSAGE
+
+    default, greedy = (pcd(client, SPLIT, SPLIT_MESSAGE, options, cache_salt="decision")
+                       for options in ({}, {"pcd_decision": "greedy"}))
+    plain, chosen = (r.model_extra["pcd"]["fields"]["x"] for r in (default, greedy))
+    probability = {c["value"]: c["probability"] for c in chosen["candidates"]}
+    assert probability == pytest.approx(
+        {c["value"]: c["probability"] for c in plain["candidates"]}, abs=1e-2)
+    billing = {v: p for v, p in probability.items() if v.startswith("billing")}
+    others = {v: p for v, p in probability.items() if v not in billing}
+    expected = (max(billing, key=billing.get) if sum(billing.values()) > max(others.values())
+                else max(probability, key=probability.get))
+    assert chosen["value"] == expected == json.loads(greedy.choices[0].message.content)["x"]
+    assert chosen["decision"] == "greedy" and "decision" not in plain
+    assert plain["value"] == max(probability, key=probability.get)
+    with pytest.raises(openai.BadRequestError, match="pcd_decision"):
+        pcd(client, SPLIT, extra_kwargs={"pcd_decision": "beam"})
+
+
 def test_content_free_calibration_is_computed_once_per_schema(client):
     """The first request computes the schema's prior beside its document; the next, under
     the same salt, finds it cached. The scores are the uncalibrated ones minus the prior's,
