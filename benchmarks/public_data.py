@@ -139,12 +139,19 @@ def bigbench_examples(task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def bigbench(task: str) -> Iterator[dict[str, Any]]:
+    """A task whose files list the gold first in nearly every example (`date_understanding`:
+    364 of 369) has each example's options shuffled (seeded by task and example), so a bias for the first
+    option scores no better than chance."""
     data, examples = bigbench_examples(task)
     name, about, cut, true_option = BIGBENCH_FIELDS.get(
         task.split("/")[0], ("answer", data.get("description", "The answer"), "", None))
     prefix = data.get("task_prefix", "") if task.split("/")[0] not in BIGBENCH_FIELDS else ""
+    gold_first = len(examples) > 1 and sum(next(iter(e["target_scores"].values())) == 1
+                                           for e in examples) >= 0.9 * len(examples)
     for i, example in enumerate(examples):
         options = list(example["target_scores"])
+        if gold_first:
+            random.Random(f"{task}/{i}").shuffle(options)
         gold = next(o for o, v in example["target_scores"].items() if v == 1)
         message = prefix + example["input"].replace(cut, "")
         if true_option is not None and true_option in options and len(options) == 2:

@@ -26,9 +26,18 @@ INTENTS = {"examples": [
     for i in range(7)]}
 
 
+# Nearly every example lists its gold first, as BIG-bench's date_understanding does.
+GOLD_FIRST = {"examples": [
+    {"input": f"Which is day {i}?", "target_scores": {f"day {i}": int(i != 7), f"day {i + 1}": 0,
+                                                     f"day {i + 2}": 0, f"day {i + 3}": 0,
+                                                     f"day {i + 4}": int(i == 7)}}
+    for i in range(40)]}
+
+
 @pytest.fixture
 def tasks(monkeypatch):
-    files = {"strategyqa": YES_NO, "other/sub": BBQ, "intent_recognition": INTENTS}
+    files = {"strategyqa": YES_NO, "other/sub": BBQ, "intent_recognition": INTENTS,
+             "gold_first": GOLD_FIRST}
     files.update({f"bbq_lite_json/{c}_{k}": BBQ if (c, k) == ("age", "ambig") else {"examples": []}
                   for c in public_data.BBQ_CATEGORIES for k in ("ambig", "disambig")})
     monkeypatch.setattr(public_data, "bigbench_tasks", lambda names: [files[n] for n in names])
@@ -46,6 +55,19 @@ def test_other_tasks_keep_each_examples_options(tasks):
     cases = list(public_data.bigbench("other/sub"))
     assert cases[2]["schema"]["properties"]["answer"]["enum"] == ["Cy", "Di", "Unknown"]
     assert cases[2]["expected"] == {"answer": "Unknown"}
+
+
+def test_a_task_that_always_lists_its_gold_first_has_its_options_shuffled(tasks):
+    cases = list(public_data.bigbench("gold_first"))
+    firsts = [c["schema"]["properties"]["answer"]["enum"][0] == c["expected"]["answer"]
+              for c in cases]
+    assert 2 <= sum(firsts) <= 20  # about 1 in 5 by chance, not 39 of 40
+    for case, example in zip(cases, GOLD_FIRST["examples"]):
+        assert sorted(case["schema"]["properties"]["answer"]["enum"]) == sorted(
+            example["target_scores"])
+    assert cases == list(public_data.bigbench("gold_first"))  # the same shuffle every time
+    assert [c["schema"]["properties"]["answer"]["enum"][0] for c in public_data.bigbench(
+        "other/sub")] == ["Ann", "Ann", "Cy"]  # a task whose gold moves keeps its order
 
 
 def test_bbq_pairs_ask_both_questions_of_one_context(tasks):
