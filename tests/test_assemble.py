@@ -80,3 +80,14 @@ def test_a_greedy_group_decides_at_every_shared_token():
     r = field_result(field, [math.log(p) for p in (0.35, 0.05, 0.3, 0.3)],
                      paths=[(2, 3), (2, 6), (4, 3), (4, 6)])
     assert r.value == "a" and replace(r, decision="greedy").value == "c"  # 0.6 behind 4
+
+
+def test_greedy_reads_the_stepwise_scores_where_a_trie_gives_them():
+    """Full-vocabulary scores lose the mass the model puts on text that is no value; greedy
+    reads each token renormalised among the values' tokens, as a constrained decoder does."""
+    field = FieldSpec("date", "enum", ("01/06", "01/07", "12/05"))
+    paths = [(0, 1, 6), (0, 1, 7), (1, 2, 5)]
+    full = [math.log(p) for p in (0.10, 0.15, 0.45)]        # '0' → '1' → ... loses mass
+    stepwise = [math.log(p) for p in (0.35, 0.40, 0.25)]    # '0' holds 0.75 among the values
+    r = field_result(field, full, paths=paths, stepwise=stepwise)
+    assert r.value == "12/05" and replace(r, decision="greedy").value == "01/07"

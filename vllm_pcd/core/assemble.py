@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from vllm_pcd.core.decision import DECISIONS
+from vllm_pcd.core.decision import greedy, most_probable
 from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 
@@ -21,11 +21,14 @@ class FieldResult:
     extra: dict[str, Any] = field(default_factory=dict)  # mode-specific diagnostics
     candidate_extra: tuple[dict[str, Any], ...] = ()     # per option, likewise
     paths: tuple[tuple[int, ...], ...] = ()  # each option's tokens, where it has several
-    decision: str = "most_probable"          # how the value is chosen (`decision.DECISIONS`)
+    stepwise: tuple[float, ...] = ()  # each option's log-probability as a constrained decoder
+    decision: str = "most_probable"   # how the value is chosen (`decision.DECISIONS`)
 
     @property
     def best_index(self) -> int:
-        return DECISIONS[self.decision](self.scores, self.paths)
+        if self.decision == "greedy":
+            return greedy(self.stepwise or self.scores, self.paths)
+        return most_probable(self.scores)
 
     @property
     def value(self) -> Any:

@@ -87,11 +87,11 @@ def check(spec: SchemaSpec, options: Options) -> None:
                           rule="conditioned")
 
 
-def written(read: Sequence[tuple[FieldSpec, Any]], space: str) -> str:
+def written(read: Sequence[tuple[FieldSpec, Any]], space: str, between: str) -> str:
     """The object's keys and values already chosen, as the model would have written them
-    (`space` after each colon and comma)."""
+    (`space` after each colon, `between` after each comma)."""
     return "".join(f"{json.dumps(f.name, ensure_ascii=False)}:{space}"
-                   f"{json.dumps(v, ensure_ascii=False)},{space}" for f, v in read)
+                   f"{json.dumps(v, ensure_ascii=False)},{between}" for f, v in read)
 
 
 def fork_reads(prompt: Sequence[int], earlier: Sequence[tuple[int, ...]], floor: int

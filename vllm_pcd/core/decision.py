@@ -1,34 +1,37 @@
 """Which option a field answers, given its options' scores.
 
-`most_probable` answers the value the model gives the most probability. `greedy` answers
-as a left-to-right decoder under the same constraint would: where values share leading tokens
-(`search_screening_event`, `search_creative_work`, `get_weather`), it first takes the token
-whose values together hold the most probability, then chooses among those. The two differ
-only where a shared token's mass is split among the values that continue it; on the restricted
-LM head each trie node is renormalised over its children, so a group's mass is exactly that
-token's probability and `greedy` is the constrained greedy path token for token.
+`most_probable` answers the value the model gives the most probability: each value's tokens
+scored on the full vocabulary, so mass the model puts on text that is no value is lost to
+every value that would need it. `greedy` answers as a left-to-right decoder held to the
+values does (AR JSON under a grammar): at each token where the values part, the likeliest of
+the tokens that continue one. It reads `stepwise` scores, each token renormalised among the
+values' tokens there, so a group of values sharing a token holds exactly that token's
+probability. The two differ where values share leading tokens (`search_…`, dates) and where
+the model's own continuation is no value.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 Path = Sequence[Hashable]  # an option's tokens (any shared stem included)
 
+DECISIONS = ("most_probable", "greedy")
 
-def most_probable(scores: Sequence[float], paths: Sequence[Path]) -> int:
+
+def most_probable(scores: Sequence[float]) -> int:
     """The highest score; `max` keeps the first of equal scores, so ties go to schema order."""
     return max(range(len(scores)), key=scores.__getitem__)
 
 
-def greedy(scores: Sequence[float], paths: Sequence[Path]) -> int:
-    """Token by token, the group of options whose summed probability is the largest (ties
-    to the group holding the earlier option). Without paths (one token per option) it is
-    `most_probable`."""
+def greedy(stepwise: Sequence[float], paths: Sequence[Path]) -> int:
+    """Token by token, the group of options whose summed stepwise probability is the largest
+    (ties to the group holding the earlier option). Without paths (one token per option) it
+    is `most_probable`."""
     if not paths:
-        return most_probable(scores, paths)
-    alive = list(range(len(scores)))
+        return most_probable(stepwise)
+    alive = list(range(len(stepwise)))
     for depth in range(max(len(p) for p in paths)):
         if len(alive) == 1:
             break
@@ -36,14 +39,10 @@ def greedy(scores: Sequence[float], paths: Sequence[Path]) -> int:
         for i in alive:
             groups.setdefault(paths[i][depth] if depth < len(paths[i]) else None, []).append(i)
         alive = max(groups.values(),
-                    key=lambda group: (mass(scores[i] for i in group), -group[0]))
+                    key=lambda group: (mass(stepwise[i] for i in group), -group[0]))
     # Identical paths cannot reach here (plans refuse them); keep the order rule anyway.
-    return max(alive, key=scores.__getitem__)
+    return max(alive, key=stepwise.__getitem__)
 
 
 def mass(logprobs: Iterable[float]) -> float:
     return sum(math.exp(lp) for lp in logprobs)
-
-
-DECISIONS: dict[str, Callable[[Sequence[float], Sequence[Path]], int]] = {
-    "most_probable": most_probable, "greedy": greedy}

@@ -208,8 +208,8 @@ def _value_end(field: FieldSpec, formulation: str, beside: int, before: int) -> 
     end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
     if end is None and _prefix_of_another(field):
         end = NEXT_IN_OBJECT
-    if end == NEXT_IN_OBJECT:  # the object closes after its last key
-        return "," if beside > before + 1 else "}"
+    if end == NEXT_IN_OBJECT:  # the object closes after its last key (on a line of its own)
+        return "," if beside > before + 1 else "\n" if FORMULATIONS[formulation].indent else "}"
     return end
 
 
@@ -250,7 +250,8 @@ def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: 
         return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
     written_as = FORMULATIONS[formulation]
     if read:  # json stems: `{"name":` becomes `{"a": true, "name":`
-        stem = "{" + written(read, written_as.space) + stem[1:]
+        head = written_as.opening
+        stem = head + written(read, written_as.space, written_as.between) + stem[len(head):]
     terminator = "\n" if mode == "sequence" else _value_end(field, formulation, beside, len(read))
     return _FieldText(field, mode, stem, terminator, None, written_as.space, written_as.raw)
 

@@ -49,6 +49,17 @@ class Formulation:
     enum_end: str | None = None
     space: str = " "  # between the key's colon and the value
     raw: bool = False
+    indent: str = ""  # one level of an indented object's keys ("": the object on one line)
+
+    @property
+    def opening(self) -> str:
+        """What opens an object up to its first key: `{`, or `{` and an indented line."""
+        return "{\n" + self.indent if self.indent else "{"
+
+    @property
+    def between(self) -> str:
+        """What follows a value's comma before the next key."""
+        return "\n" + self.indent if self.indent else self.space
 
 
 FORMULATIONS = {
@@ -57,6 +68,8 @@ FORMULATIONS = {
     "json_prefix": Formulation(JSON_HEADER, True),
     # as compact JSON writes it (and AR JSON under `disable_any_whitespace`): `{"name":true`
     "json_tight": Formulation(JSON_HEADER, True, space=""),
+    # as instruction models write it (and AR JSON did here): `{\n  "name": ` on its own line
+    "json_indented": Formulation(JSON_HEADER, True, indent="  "),
     "codes": Formulation(CODES_HEADER, False),
     "choice": Formulation(JSON_HEADER, False, space="", raw=True),
 }
@@ -113,8 +126,10 @@ def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
     if written.raw:
         return ""
     if written.json_stem:
-        keys = (json.dumps(key, ensure_ascii=False) for key in field.keys)
-        return "{" + (":" + written.space + "{").join(keys) + ":"
+        levels = [written.opening.replace(written.indent, written.indent * depth)
+                  + json.dumps(key, ensure_ascii=False)
+                  for depth, key in enumerate(field.keys, start=1)]
+        return (":" + written.space).join(levels) + ":"
     return f"{field.name}:"
 
 

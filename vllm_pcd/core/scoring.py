@@ -18,24 +18,29 @@ from vllm_pcd.core.execution import RequestReport
 from vllm_pcd.core.schema import FieldSpec
 
 
-def log_softmax(values: Sequence[float]) -> list[float]:
+def log_sum_exp(values: Sequence[float]) -> float:
     top = max(values)
     if top == -math.inf:
         raise ValueError("every candidate scored -inf")
-    total = top + math.log(sum(math.exp(v - top) for v in values))
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def log_softmax(values: Sequence[float]) -> list[float]:
+    total = log_sum_exp(values)
     return [v - total for v in values]
 
 
 def field_result(field: FieldSpec, raw_logprobs: Sequence[float],
                  extra: dict[str, Any] | None = None,
                  candidate_extra: Sequence[dict[str, Any]] = (),
-                 paths: Sequence[tuple[int, ...]] = ()) -> FieldResult:
+                 paths: Sequence[tuple[int, ...]] = (),
+                 stepwise: Sequence[float] = ()) -> FieldResult:
     """Engine log-probabilities renormalised over the field's options."""
     if len(raw_logprobs) != len(field.options):
         raise ValueError(f"{field.name}: {len(raw_logprobs)} scores for "
                          f"{len(field.options)} options")
     return FieldResult(field, tuple(log_softmax(raw_logprobs)), dict(extra or {}),
-                       tuple(candidate_extra), tuple(paths))
+                       tuple(candidate_extra), tuple(paths), tuple(stepwise))
 
 
 def total(logprob_sum: float, tokens: int) -> float:
@@ -72,9 +77,11 @@ def token_field(field: FieldSpec, codes: Sequence[str], code_ids: Sequence[int],
 
 def sequence_field(field: FieldSpec, mode: str, sums: Sequence[float], tokens: Sequence[int],
                    normalization: str, reports: Sequence[RequestReport], first: RequestReport,
-                   allowed: set[int], paths: Sequence[tuple[int, ...]]) -> FieldResult:
+                   allowed: set[int], paths: Sequence[tuple[int, ...]],
+                   stepwise: Sequence[float]) -> FieldResult:
     """Each option's summed token log-probabilities (`sums`, over `tokens` tokens), length
-    normalised, renormalised; `paths` are the options' tokens, for a greedy decision. Scored
+    normalised, renormalised. `paths` (the options' tokens) and `stepwise` (their sums with
+    each token renormalised among the values' tokens there) serve a greedy decision. Scored
     up to unique prefixes (token mode) the joint probability is the score, whatever the
     normalization asked."""
     normalization = "sum" if mode == "token" else normalization
@@ -85,7 +92,7 @@ def sequence_field(field: FieldSpec, mode: str, sums: Sequence[float], tokens: S
     return field_result(field, normalized,
                         {"mode": mode, "normalization": normalization,
                          **vocabulary_extra(reports, first, allowed, sums)}, per_candidate,
-                        paths)
+                        paths, stepwise)
 
 
 CALIBRATIONS = ("none", "content_free")

@@ -77,14 +77,16 @@ class SequenceFieldPlan:
 
     def score(self, reports: Sequence[Any], normalization: str) -> Any:
         """The field's result from its nodes' reports (one per node, in order)."""
-        sums = self.candidate_logprobs(node_lookup(self.nodes, [r.logprobs for r in reports]))
+        logprobs = [r.logprobs for r in reports]
+        sums = self.candidate_logprobs(node_lookup(self.nodes, logprobs))
+        stepwise = self.candidate_logprobs(node_lookup(self.nodes, logprobs, among_children=True))
         # the first scored position: the nodes with the shortest prefix (one request per chunk)
         root = min(len(n.prefix) for n in self.nodes)
         first = [n for n in self.nodes if len(n.prefix) == root]
         return scoring.sequence_field(
             self.field, self.mode, sums, [self.value_tokens(i) for i in range(len(sums))],
             normalization, reports, reports[self.nodes.index(first[0])],
-            {t for n in first for t in n.children}, self.candidates)
+            {t for n in first for t in n.children}, self.candidates, stepwise)
 
 
 def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
@@ -150,12 +152,20 @@ def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "
                              tuple(starts), tuple(nodes))
 
 
-def node_lookup(nodes: Sequence[Node],
-                results: Sequence[Mapping[int, float]]) -> Callable[[tuple[int, ...], int], float]:
+def node_lookup(nodes: Sequence[Node], results: Sequence[Mapping[int, float]],
+                among_children: bool = False) -> Callable[[tuple[int, ...], int], float]:
+    """Each scored edge's log-probability; `among_children` renormalises it over the node's
+    children (a prefix's chunks together), as a decoder held to the values would see it."""
     table = {}
     for node, got in zip(nodes, results):
         for token in node.children:
             if token not in got or math.isnan(got[token]):
                 raise RuntimeError(f"engine returned no log-probability for token {token}")
             table[(node.prefix, token)] = got[token]
+    if among_children:
+        siblings: dict[tuple[int, ...], list[float]] = {}
+        for (prefix, _), value in table.items():
+            siblings.setdefault(prefix, []).append(value)
+        totals = {prefix: scoring.log_sum_exp(values) for prefix, values in siblings.items()}
+        table = {(prefix, t): v - totals[prefix] for (prefix, t), v in table.items()}
     return lambda prefix, token: table[(prefix, token)]
