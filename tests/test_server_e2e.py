@@ -154,8 +154,9 @@ def test_a_junk_layout_is_a_400_naming_pcd_layout(client, layout):
 
 def test_a_greedy_decision_over_http_keeps_the_scores_and_follows_the_shared_token(client):
     """`pcd_decision: greedy` changes the choice, never the probabilities: the two `billing_…`
-    values share their first token, so greedy takes the likelier of them whenever their sum
-    beats each other value, and the most probable value otherwise."""
+    values share their first token, so greedy takes the likelier of them whenever their
+    stepwise sum (the first token's probability among the values' first tokens) beats each
+    other value, and the stepwise likeliest value otherwise."""
     from tests.test_sequence import SPLIT, SPLIT_MESSAGE
 
     default, greedy = (pcd(client, SPLIT, SPLIT_MESSAGE, options, cache_salt="decision")
@@ -164,10 +165,12 @@ def test_a_greedy_decision_over_http_keeps_the_scores_and_follows_the_shared_tok
     probability = {c["value"]: c["probability"] for c in chosen["candidates"]}
     assert probability == pytest.approx(
         {c["value"]: c["probability"] for c in plain["candidates"]}, abs=1e-2)
-    billing = {v: p for v, p in probability.items() if v.startswith("billing")}
-    others = {v: p for v, p in probability.items() if v not in billing}
+    step = {c["value"]: math.exp(c["stepwise_score"]) for c in chosen["candidates"]}
+    billing = {v: p for v, p in step.items() if v.startswith("billing")}
+    others = {v: p for v, p in step.items() if v not in billing}
+    assert sum(billing.values()) + sum(others.values()) == pytest.approx(1.0)
     expected = (max(billing, key=billing.get) if sum(billing.values()) > max(others.values())
-                else max(probability, key=probability.get))
+                else max(others, key=others.get))
     assert chosen["value"] == expected == json.loads(greedy.choices[0].message.content)["x"]
     assert chosen["decision"] == "greedy" and "decision" not in plain
     assert plain["value"] == max(probability, key=probability.get)

@@ -47,9 +47,11 @@ class FieldResult:
         return {
             "value": self.value,
             "candidates": [
-                {"value": option, "score": score, "probability": math.exp(score), **more}
-                for option, score, more in zip(self.field.options, self.scores,
-                                               self.candidate_extra or [{}] * len(self.scores))
+                {"value": option, "score": score, "probability": math.exp(score),
+                 **({"stepwise_score": self.stepwise[i]} if self.stepwise else {}), **more}
+                for i, (option, score, more) in enumerate(zip(
+                    self.field.options, self.scores,
+                    self.candidate_extra or [{}] * len(self.scores)))
             ],
             "margin": self.margin,
             **({"decision": self.decision} if self.decision != "most_probable" else {}),
