@@ -121,7 +121,7 @@ def _error_text(err: openai.APIStatusError) -> str:
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
               formulation: str = DEFAULT_FORMULATION, calibration: str = "none",
-              joint: bool = False, decision: str = "most_probable") -> Outcome:
+              joint: bool = False, decision: str = "auto") -> Outcome:
     options = {"pcd_schema": task.schema, "pcd_mode": mode, "pcd_formulation": formulation,
                "pcd_layout": task.layout, "pcd_calibration": calibration, "pcd_joint": joint,
                "pcd_decision": decision}
@@ -176,9 +176,10 @@ async def pcd_token_joint(client: Client, task: Task, salt: str) -> Outcome:
     return await pcd(client, task, salt, joint=True)
 
 
-async def pcd_token_greedy(client: Client, task: Task, salt: str) -> Outcome:
-    """Token mode, each value chosen as a constrained greedy decoder would (`pcd_decision`)."""
-    return await pcd(client, task, salt, decision="greedy")
+async def pcd_token_most_probable(client: Client, task: Task, salt: str) -> Outcome:
+    """Token mode, each value the most probable one (`pcd_decision`; the default is the
+    constrained decoder's greedy path)."""
+    return await pcd(client, task, salt, decision="most_probable")
 
 
 def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
@@ -391,7 +392,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "pcd_token_json_tight": pcd_token_json_tight,
     "pcd_token_cf": pcd_token_cf,
     "pcd_token_joint": pcd_token_joint,
-    "pcd_token_greedy": pcd_token_greedy,
+    "pcd_token_most_probable": pcd_token_most_probable,
     "ar_json": ar_json,
     "pcd_response_format": pcd_response_format,
     "pcd_guided_choice": pcd_guided_choice,
@@ -404,7 +405,7 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
 }
 ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
              "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "pcd_token_joint",
-             "pcd_token_greedy", "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
+             "pcd_token_most_probable", "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
              "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
 
 

@@ -165,9 +165,12 @@ def test_greedy_decisions_follow_the_fp32_constrained_greedy_path(fp32_llm, refe
                                                                   message, schema, splits):
     """`pcd_decision: greedy` answers what a constrained greedy decoder writes: on the
     restricted head a group of options is its shared token's probability, token for token.
-    `splits` fields answer otherwise under the default decision (the most probable value)."""
+    `splits` fields answer otherwise under `most_probable`."""
     greedy = constrained(fp32_llm, message, schema, decision="greedy", cache_salt="greedy")
-    default = constrained(fp32_llm, message, schema, cache_salt="greedy")
+    default = constrained(fp32_llm, message, schema, decision="most_probable",
+                          cache_salt="greedy")
+    assert [f.value for f in constrained(fp32_llm, message, schema).fields] == [
+        f.value for f in greedy.fields]  # greedy is the token mode's default
     shared_first = 0
     for fp, fr in zip(greedy.plan.fields, greedy.fields):
         if not isinstance(fp, SequenceFieldPlan):

@@ -21,7 +21,9 @@ class FieldResult:
     extra: dict[str, Any] = field(default_factory=dict)  # mode-specific diagnostics
     candidate_extra: tuple[dict[str, Any], ...] = ()     # per option, likewise
     paths: tuple[tuple[int, ...], ...] = ()  # each option's tokens, where it has several
-    stepwise: tuple[float, ...] = ()  # each option's log-probability as a constrained decoder
+    # each option's log-probability as a constrained decoder writes it; a calibrated result
+    # drops it, so its choice follows the calibrated scores
+    stepwise: tuple[float, ...] = ()
     decision: str = "most_probable"   # how the value is chosen (`decision.DECISIONS`)
 
     @property

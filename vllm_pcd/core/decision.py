@@ -17,7 +17,18 @@ from typing import Hashable, Iterable, Sequence
 
 Path = Sequence[Hashable]  # an option's tokens (any shared stem included)
 
-DECISIONS = ("most_probable", "greedy")
+# `auto`, the default: greedy for token-mode fields (chosen by the README's rule on untouched
+# data: +3.4 [+1.2, +5.6] field accuracy over five BIG-bench tasks, date_understanding +16),
+# the most probable value by the asked normalization for sequence-mode fields, whose
+# ranking score is the request's own choice.
+DECISIONS = ("auto", "most_probable", "greedy")
+
+
+def resolved(decision: str, mode: str) -> str:
+    """The decision a field of `mode` (`token` or `sequence`) takes under `decision`."""
+    if decision != "auto":
+        return decision
+    return "most_probable" if mode == "sequence" else "greedy"
 
 
 def most_probable(scores: Sequence[float]) -> int:

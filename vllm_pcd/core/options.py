@@ -39,7 +39,7 @@ class Options:
     layout: str = DEFAULT_LAYOUT
     calibration: str = "none"
     joint: bool = False
-    decision: str = "most_probable"
+    decision: str = "auto"
     full_vocabulary: bool = False
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from vllm_pcd.core.assemble import FieldResult
+from vllm_pcd.core.decision import resolved
 from vllm_pcd.core.execution import RequestReport
 from vllm_pcd.core.schema import FieldSpec
 
@@ -107,7 +108,7 @@ def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
     for result, empty in zip(results, prior):
         scores = log_softmax([s - e for s, e in zip(result.scores, empty.scores)])
         extra = result.candidate_extra or tuple({} for _ in result.scores)
-        out.append(replace(result, scores=tuple(scores), candidate_extra=tuple(
+        out.append(replace(result, scores=tuple(scores), stepwise=(), candidate_extra=tuple(
             {**more, "uncalibrated_score": raw, "prior_score": base}
             for more, raw, base in zip(extra, result.scores, empty.scores))))
     return tuple(out)
@@ -116,9 +117,10 @@ def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
 def field_results(plan: Any, branches: Sequence[RequestReport], normalization: str,
                   decision: str = "most_probable") -> tuple[FieldResult, ...]:
     """Every field of `plan` (a `plan.Plan`) scored from its scorings' reports, in order,
-    each choosing its value by `decision`."""
+    each choosing its value by `decision` (`decision.resolved` for its mode)."""
     by_field: dict[int, list[RequestReport]] = {}
     for scoring, report in zip(plan.scorings, branches):
         by_field.setdefault(scoring.field_index, []).append(report)
-    return tuple(replace(fp.score(by_field.get(i, []), normalization), decision=decision)
+    return tuple(replace(fp.score(by_field.get(i, []), normalization),
+                         decision=resolved(decision, getattr(fp, "mode", "token")))
                  for i, fp in enumerate(plan.fields))
