@@ -34,6 +34,22 @@ def test_a_nested_field_continues_its_own_nesting(tokenizer):
     assert '- customer.tier: "free", "pro"' in shown
 
 
+def test_the_indented_formulation_writes_the_object_as_instruction_models_do(tokenizer):
+    indented = Options(formulation="json_indented")
+    spec = parse_schema(closed({"customer": closed({"tier": {"enum": ["free", "pro"]}}),
+                                "rating": {"type": "integer", "minimum": 1, "maximum": 10}}))
+    plan = build_plan(tokenizer, spec, MESSAGES, indented)
+    tier, rating = (tails(tokenizer, plan, fp) for fp in plan.fields)
+    assert tier == ['{\n  "customer": {\n    "tier": "free', '{\n  "customer": {\n    "tier": "pro']
+    assert rating[:2] == ['{\n  "rating": 1,', '{\n  "rating": 2,']  # another key follows
+    rating_only = closed({"rating": {"type": "integer", "minimum": 1, "maximum": 10}})
+    alone = build_plan(tokenizer, parse_schema(rating_only), MESSAGES,
+                       indented)
+    # values that start others end where an indented object's last value ends: its line
+    assert tails(tokenizer, alone, alone.fields[0])[:2] == ['{\n  "rating": 1\n',
+                                                            '{\n  "rating": 2\n']
+
+
 def test_values_that_start_others_are_scored_up_to_what_follows_them(tokenizer):
     spec = parse_schema(closed({"rating": {"type": "integer", "minimum": 1, "maximum": 10}}))
     plan = build_plan(tokenizer, spec, MESSAGES)  # the default scores unique prefixes
