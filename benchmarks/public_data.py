@@ -140,8 +140,8 @@ def bigbench_examples(task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def bigbench(task: str) -> Iterator[dict[str, Any]]:
     """A task whose files list the gold first in nearly every example (`date_understanding`:
-    364 of 369) has each example's options shuffled (seeded by task and example), so a bias for the first
-    option scores no better than chance."""
+    364 of 369) has each example's options shuffled (seeded by task and example), so a bias
+    for the first option scores no better than chance."""
     data, examples = bigbench_examples(task)
     name, about, cut, true_option = BIGBENCH_FIELDS.get(
         task.split("/")[0], ("answer", data.get("description", "The answer"), "", None))

@@ -200,10 +200,11 @@ def reference_model(model_path):
 
 
 def test_a_node_s_children_renormalised_together_across_its_chunks():
-    from vllm_pcd.core.sequence import Node
+    from vllm_pcd.core.sequence import Node, among_children, edge_logprobs
     nodes = [Node((1,), (5, 6), 2), Node((1,), (7,), 1), Node((1, 5), (9,), 1)]
     results = [{5: math.log(0.2), 6: math.log(0.1)}, {7: math.log(0.1)}, {9: math.log(0.5)}]
-    raw, among = node_lookup(nodes, results), node_lookup(nodes, results, among_children=True)
-    assert raw((1,), 5) == pytest.approx(math.log(0.2))
-    assert [math.exp(among((1,), t)) for t in (5, 6, 7)] == pytest.approx([0.5, 0.25, 0.25])
-    assert among((1, 5), 9) == pytest.approx(0.0)  # a lone child is certain
+    raw = edge_logprobs(nodes, results)
+    among = among_children(raw)
+    assert raw[((1,), 5)] == pytest.approx(math.log(0.2))
+    assert [math.exp(among[((1,), t)]) for t in (5, 6, 7)] == pytest.approx([0.5, 0.25, 0.25])
+    assert among[((1, 5), 9)] == pytest.approx(0.0)  # a lone child is certain

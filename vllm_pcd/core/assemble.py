@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vllm_pcd.core.decision import greedy, most_probable
@@ -21,8 +21,7 @@ class FieldResult:
     extra: dict[str, Any] = field(default_factory=dict)  # mode-specific diagnostics
     candidate_extra: tuple[dict[str, Any], ...] = ()     # per option, likewise
     paths: tuple[tuple[int, ...], ...] = ()  # each option's tokens, where it has several
-    # each option's log-probability as a constrained decoder writes it; a calibrated result
-    # drops it, so its choice follows the calibrated scores
+    # each option's log-probability as a constrained decoder writes it (`recalibrated` drops it)
     stepwise: tuple[float, ...] = ()
     decision: str = "most_probable"   # how the value is chosen (`decision.DECISIONS`)
 
@@ -31,6 +30,13 @@ class FieldResult:
         if self.decision == "greedy":
             return greedy(self.stepwise or self.scores, self.paths)
         return most_probable(self.scores)
+
+    def recalibrated(self, scores: Sequence[float], candidate_extra: Sequence[dict[str, Any]]
+                     ) -> FieldResult:
+        """The result under calibrated scores: the decoder's stepwise scores are not
+        calibrated, so they go, and a greedy choice follows the calibrated scores."""
+        return replace(self, scores=tuple(scores), stepwise=(),
+                       candidate_extra=tuple(candidate_extra))
 
     @property
     def value(self) -> Any:

@@ -90,9 +90,8 @@ class Profile:
         for result in results:
             scores = self.fields[result.field.name].apply(result.scores)
             more = result.candidate_extra or tuple({} for _ in scores)
-            mapped = dataclasses.replace(result, scores=tuple(scores), stepwise=(),
-                                         candidate_extra=tuple(
-                {**m, "uncalibrated_score": raw} for m, raw in zip(more, result.scores)))
+            mapped = result.recalibrated(scores, [{**m, "uncalibrated_score": raw}
+                                                  for m, raw in zip(more, result.scores)])
             if (threshold := self.thresholds.get(result.field.name)) is not None:
                 chosen = math.exp(mapped.scores[mapped.best_index])
                 mapped = dataclasses.replace(mapped, extra={**mapped.extra,

@@ -53,8 +53,12 @@ class Formulation:
 
     @property
     def opening(self) -> str:
-        """What opens an object up to its first key: `{`, or `{` and an indented line."""
-        return "{\n" + self.indent if self.indent else "{"
+        return self.opening_at(1)
+
+    def opening_at(self, depth: int) -> str:
+        """What opens an object nested `depth` deep up to its first key: `{`, or `{` and a
+        line indented `depth` levels."""
+        return "{\n" + self.indent * depth if self.indent else "{"
 
     @property
     def between(self) -> str:
@@ -126,8 +130,7 @@ def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
     if written.raw:
         return ""
     if written.json_stem:
-        levels = [written.opening.replace(written.indent, written.indent * depth)
-                  + json.dumps(key, ensure_ascii=False)
+        levels = [written.opening_at(depth) + json.dumps(key, ensure_ascii=False)
                   for depth, key in enumerate(field.keys, start=1)]
         return (":" + written.space).join(levels) + ":"
     return f"{field.name}:"

@@ -17,11 +17,8 @@ from vllm_pcd.core.assemble import FieldResult
 
 def value_distribution(scores: Sequence[float], temperature: float, top_p: float = 1.0
                        ) -> list[float]:
-    """Each option's chance of being drawn; temperature 0 puts it all on the best (the
-    first of equal scores, as `FieldResult.best_index` chooses)."""
-    if temperature <= 0:
-        best = max(range(len(scores)), key=scores.__getitem__)
-        return [1.0 if i == best else 0.0 for i in range(len(scores))]
+    """Each option's chance of being drawn at `temperature` > 0 (at 0 a field answers its
+    own decision, `draw_values`)."""
     top = max(scores)
     weights = [math.exp((s - top) / temperature) for s in scores]
     total = sum(weights)

@@ -108,9 +108,9 @@ def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
     for result, empty in zip(results, prior):
         scores = log_softmax([s - e for s, e in zip(result.scores, empty.scores)])
         extra = result.candidate_extra or tuple({} for _ in result.scores)
-        out.append(replace(result, scores=tuple(scores), stepwise=(), candidate_extra=tuple(
+        out.append(result.recalibrated(scores, [
             {**more, "uncalibrated_score": raw, "prior_score": base}
-            for more, raw, base in zip(extra, result.scores, empty.scores))))
+            for more, raw, base in zip(extra, result.scores, empty.scores)]))
     return tuple(out)
 
 

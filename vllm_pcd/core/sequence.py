@@ -77,9 +77,10 @@ class SequenceFieldPlan:
 
     def score(self, reports: Sequence[Any], normalization: str) -> Any:
         """The field's result from its nodes' reports (one per node, in order)."""
-        logprobs = [r.logprobs for r in reports]
-        sums = self.candidate_logprobs(node_lookup(self.nodes, logprobs))
-        stepwise = self.candidate_logprobs(node_lookup(self.nodes, logprobs, among_children=True))
+        edges = edge_logprobs(self.nodes, [r.logprobs for r in reports])
+        sums = self.candidate_logprobs(lambda prefix, token: edges[(prefix, token)])
+        among = among_children(edges)
+        stepwise = self.candidate_logprobs(lambda prefix, token: among[(prefix, token)])
         # the first scored position: the nodes with the shortest prefix (one request per chunk)
         root = min(len(n.prefix) for n in self.nodes)
         first = [n for n in self.nodes if len(n.prefix) == root]
@@ -152,20 +153,31 @@ def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "
                              tuple(starts), tuple(nodes))
 
 
-def node_lookup(nodes: Sequence[Node], results: Sequence[Mapping[int, float]],
-                among_children: bool = False) -> Callable[[tuple[int, ...], int], float]:
-    """Each scored edge's log-probability; `among_children` renormalises it over the node's
-    children (a prefix's chunks together), as a decoder held to the values would see it."""
+Edges = dict[tuple[tuple[int, ...], int], float]  # (node prefix, child token) → log-prob
+
+
+def edge_logprobs(nodes: Sequence[Node], results: Sequence[Mapping[int, float]]) -> Edges:
+    """Each scored edge's log-probability, as its node's request returned it."""
     table = {}
     for node, got in zip(nodes, results):
         for token in node.children:
             if token not in got or math.isnan(got[token]):
                 raise RuntimeError(f"engine returned no log-probability for token {token}")
             table[(node.prefix, token)] = got[token]
-    if among_children:
-        siblings: dict[tuple[int, ...], list[float]] = {}
-        for (prefix, _), value in table.items():
-            siblings.setdefault(prefix, []).append(value)
-        totals = {prefix: scoring.log_sum_exp(values) for prefix, values in siblings.items()}
-        table = {(prefix, t): v - totals[prefix] for (prefix, t), v in table.items()}
+    return table
+
+
+def among_children(edges: Edges) -> Edges:
+    """Each edge renormalised over its node's children (a prefix's chunks together), as a
+    decoder held to the values sees it."""
+    siblings: dict[tuple[int, ...], list[float]] = {}
+    for (prefix, _), value in edges.items():
+        siblings.setdefault(prefix, []).append(value)
+    totals = {prefix: scoring.log_sum_exp(values) for prefix, values in siblings.items()}
+    return {(prefix, t): v - totals[prefix] for (prefix, t), v in edges.items()}
+
+
+def node_lookup(nodes: Sequence[Node],
+                results: Sequence[Mapping[int, float]]) -> Callable[[tuple[int, ...], int], float]:
+    table = edge_logprobs(nodes, results)
     return lambda prefix, token: table[(prefix, token)]
