@@ -75,10 +75,18 @@ def spread(model: str, groups: Groups, options: Options, seeds: range,
 
 
 def saved_groups(path: Path) -> dict[str, Groups]:
-    """Each group's labelled rows as an earlier run of this benchmark saved them."""
+    """Each group's labelled rows as an earlier run of this benchmark saved them (a run from
+    before rows kept their decision is read as `most_probable`, what it measured)."""
+    def row(saved: list[Any]) -> Row:
+        scores, gold, *decided = saved
+        if decided:
+            decision, paths, stepwise = decided
+            return Row(tuple(scores), gold, decision, tuple(map(tuple, paths)), tuple(stepwise))
+        return Row(tuple(scores), gold)
+
     saved = json.loads(path.read_text())["rows"]
-    return {group: [(schema, {name: [(tuple(s), g) for s, g in rows]
-                              for name, rows in fields.items()}) for schema, fields in items]
+    return {group: [(schema, {name: [row(r) for r in rows] for name, rows in fields.items()})
+                    for schema, fields in items]
             for group, items in saved.items()}
 
 

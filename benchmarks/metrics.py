@@ -196,19 +196,23 @@ def confidences(cases: Sequence[Case], scores: Sequence[dict[str, list[float]] |
                 ) -> list[tuple[float, bool]]:
     """(probability of the answer given, was it right) per field, from per-option
     log-probabilities in schema order (booleans: true, false); a label set gives one point
-    per label, from its yes/no decision (scored as `<field>.<label>`)."""
+    per label, from its yes/no decision (scored as `<field>.<label>`). The answer is the one
+    the object gives, which a greedy decision may take from below the most probable value."""
     out = []
     for case, per_field in zip(cases, scores):
         if not per_field or not isinstance(case.predicted, dict):
             continue
         for name, spec in case.schema["properties"].items():
+            given = case.predicted.get(name)
             if field_kind(spec) == "labels":
-                decisions = [(per_field[f"{name}.{label}"], label in case.expected[name])
+                decisions = [(per_field[f"{name}.{label}"], label in case.expected[name],
+                              isinstance(given, list) and label in given)
                              for label in spec["items"]["enum"]]
             else:
-                decisions = [(per_field[name], case.expected[name])]
-            for logprobs, gold in decisions:
+                decisions = [(per_field[name], case.expected[name], given)]
+            for logprobs, gold, answer in decisions:
                 options = [True, False] if isinstance(gold, bool) else spec["enum"]
-                best = max(range(len(options)), key=logprobs.__getitem__)
+                best = next((i for i, o in enumerate(options) if _same(o, answer)),
+                            max(range(len(options)), key=logprobs.__getitem__))
                 out.append((math.exp(logprobs[best]), _same(gold, options[best])))
     return out

@@ -114,6 +114,16 @@ def test_confidence_is_the_probability_of_the_answer_given():
     assert [(round(p, 6), ok) for p, ok in points] == [(0.7, True), (0.6, True), (0.9, True)]
 
 
+def test_confidence_follows_the_answer_given_not_the_best_score():
+    """A greedy decision can answer a value below the most probable one: its point is that
+    value's probability and whether it was right."""
+    scores = [{"topic": [math.log(0.3), math.log(0.45), math.log(0.25)],
+               "refund": [math.log(0.4), math.log(0.6)],
+               "urgent": [math.log(0.9), math.log(0.1)]}]
+    points = confidences(CASES[:1], scores)  # answered billing, gold billing
+    assert [(round(p, 6), ok) for p, ok in points] == [(0.3, True), (0.6, True), (0.9, True)]
+
+
 def test_reliability_bins_and_ece():
     points = [(0.95, True), (0.95, False), (0.55, True), (1.0, True)]
     bins = reliability(points)

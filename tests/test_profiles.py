@@ -5,19 +5,20 @@ import json
 import math
 import os
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import (MESSAGE, PROFILE_TEMPERATURE, PROFILED_SCHEMA, SUPPORT_SCHEMA,
                             write_test_profile)
-from vllm_pcd.core.fitting import (Identity, OptionBias, Temperature, answer_points,
+from vllm_pcd.core.fitting import (Identity, OptionBias, Row, Temperature, answer_points,
                                    balanced_accuracy, choose, expected_calibration_error,
                                    folds)
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, ProfileBook, fit_profile, matches_model,
                                     read_profiles, write_profiles)
-from vllm_pcd.core.schema import parse_schema
+from vllm_pcd.core.schema import FieldSpec, parse_schema
 from vllm_pcd.core.scoring import field_result
 
 
@@ -34,7 +35,7 @@ def drawn(count, options, *, scale=1.0, shift=(), seed=0):
         gold = rng.choices(range(options), weights)[0]
         given = [v * scale + s for v, s in zip(logits, shift)]
         norm = max(given) + math.log(sum(math.exp(g - max(given)) for g in given))
-        rows.append(([g - norm for g in given], gold))
+        rows.append(Row([g - norm for g in given], gold))
     return rows
 
 
@@ -61,14 +62,14 @@ def test_option_biases_take_out_a_label_prior():
 
 
 def test_balanced_accuracy_is_not_raised_by_always_answering_the_common_label():
-    always_first = [([-0.1, -2.4], 0)] * 3 + [([-0.1, -2.4], 1)]
+    always_first = [Row([-0.1, -2.4], 0)] * 3 + [Row([-0.1, -2.4], 1)]
     assert balanced_accuracy(Identity(), always_first) == 0.5  # plain accuracy: 0.75
     assert balanced_accuracy(OptionBias(1.0, (0.0, 5.0)), always_first) == 0.5
-    assert balanced_accuracy(Identity(), [([-0.1, -2.4], 0), ([-2.4, -0.1], 1)]) == 1.0
+    assert balanced_accuracy(Identity(), [Row([-0.1, -2.4], 0), Row([-2.4, -0.1], 1)]) == 1.0
 
 
 def test_a_single_label_cannot_drive_a_bias_to_infinity():
-    fitted = OptionBias.fit([([-0.1, -2.4], 0)] * 50)
+    fitted = OptionBias.fit([Row([-0.1, -2.4], 0)] * 50)
     assert all(abs(b) < 100 for b in fitted.bias) and math.isfinite(fitted.temperature)
 
 
@@ -93,6 +94,40 @@ def test_a_profile_maps_each_field_and_marks_low_confidence():
     assert [c["uncalibrated_score"] for c in candidates] == list(raw[1].scores)
     unsure = profile(thresholds={"topic": 0.99}).apply(raw)[0]
     assert unsure.extra["low_confidence"] is True
+
+
+# A date field whose values share leading tokens: full-vocabulary scores favour 12/05 and so
+# does their mass per first token (0.25 for `0`, 0.45 for `1`), while the constrained
+# decoder's stepwise scores hold 0.75 for `0` and go on to 01/07.
+DATE = FieldSpec("date", "enum", ("01/06", "01/07", "12/05"))
+DATE_PATHS = ((0, 1, 6), (0, 1, 7), (1, 2, 5))
+DATE_FULL = tuple(math.log(p) for p in (0.10, 0.15, 0.45))
+DATE_STEPWISE = tuple(math.log(p) for p in (0.35, 0.40, 0.25))
+
+
+def test_held_out_figures_measure_the_answer_the_server_gives():
+    """A greedy row is answered as served: uncalibrated along the stepwise path, through a
+    map by the mapped scores grouped by shared tokens; a most-probable row by its best score."""
+    greedy_row = Row(DATE_FULL, 1, "greedy", DATE_PATHS, DATE_STEPWISE)
+    [(p, ok)] = answer_points(Identity(), [greedy_row])
+    assert ok and p == pytest.approx(0.15)  # 01/07, at the probability the response gives it
+    assert answer_points(Identity(), [greedy_row._replace(decision="most_probable")]) == [
+        (pytest.approx(0.45), False)]
+    [(p, ok)] = answer_points(Temperature(1.0), [greedy_row._replace(gold=2)])
+    assert ok and p == pytest.approx(0.45 / 0.70)
+
+
+def test_a_profile_that_keeps_the_scores_keeps_the_greedy_path():
+    """A profile whose map for a field is `none` answers that field as an uncalibrated call
+    does; a real map chooses from its own scores."""
+    spec = parse_schema({"type": "object", "properties": {"date": {"enum": list(DATE.options)}},
+                         "required": ["date"], "additionalProperties": False})
+    raw = replace(field_result(spec.fields[0], DATE_FULL, paths=DATE_PATHS,
+                               stepwise=DATE_STEPWISE), decision="greedy")
+    assert raw.value == "01/07"
+    keep = Profile("m", {}, {}, {"date": Identity()}, {}, {})
+    assert keep.apply([raw])[0].value == "01/07"
+    assert Profile("m", {}, {}, {"date": Temperature(1.0)}, {}, {}).apply([raw])[0].value == "12/05"
 
 
 def test_a_profile_matches_only_its_schema_its_options_and_no_calibration_asked():
@@ -234,3 +269,17 @@ def test_the_accuracy_objective_takes_the_most_right_answers():
     assert scores["option_bias"]["accuracy"] == max(s["accuracy"] for s in scores.values())
     with pytest.raises(ValueError, match="objective"):
         choose([rows], seed=0, objective="loss")
+
+
+def test_saved_rows_keep_their_decision_and_old_saves_read_as_most_probable(tmp_path):
+    """`benchmarks.calibration --rows` fits saved rows again: a row saved with its decision
+    is answered as before; a row saved before rows kept one is what it measured then."""
+    from benchmarks.calibration import saved_groups
+
+    greedy_row = Row(DATE_FULL, 1, "greedy", DATE_PATHS, DATE_STEPWISE)
+    saved = {"rows": {"tuned": [[{"schema": 1}, {"date": [greedy_row, [list(DATE_FULL), 1]]}]]}}
+    (tmp_path / "run.json").write_text(json.dumps(saved))
+    [(schema, fields)] = saved_groups(tmp_path / "run.json")["tuned"]
+    again, old = fields["date"]
+    assert schema == {"schema": 1} and again == greedy_row and old == Row(DATE_FULL, 1)
+    assert [ok for _, ok in answer_points(Identity(), [again, old])] == [True, False]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from vllm_pcd.core.assemble import option_index, value_at
+from vllm_pcd.core.assemble import FieldResult, option_index, value_at
 from vllm_pcd.core.fitting import OBJECTIVES, Row, expected_calibration_error
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, fit_profile, schema_fingerprint,
@@ -52,27 +52,28 @@ def by_schema(cases: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 
 def labelled_rows(spec: SchemaSpec, cases: Sequence[dict[str, Any]],
-                  scores: Sequence[dict[str, Sequence[float]]]) -> dict[str, list[Row]]:
-    """Field → (scores, gold index) per case; a case whose gold value is not an option of
-    some field is left out of every field."""
+                  results: Sequence[dict[str, FieldResult]]) -> dict[str, list[Row]]:
+    """Field → its row per case (scores, gold index, decision); a case whose gold value is
+    not an option of some field is left out of every field."""
     rows: dict[str, list[Row]] = {f.name: [] for f in spec.fields}
-    for case, per_field in zip(cases, scores):
+    for case, per_field in zip(cases, results):
         gold = [option_index(f, value_at(case["expected"], f)) for f in spec.fields]
         if None in gold:
             continue
         for f, index in zip(spec.fields, gold):
-            rows[f.name].append((per_field[f.name], index))
+            r = per_field[f.name]
+            rows[f.name].append(Row(r.scores, index, r.decision, r.paths, r.stepwise))
     return rows
 
 
 def score_cases(llm: Any, schema: dict[str, Any], cases: Sequence[dict[str, Any]],
-                options: Options) -> list[dict[str, tuple[float, ...]]]:
-    """PCD's uncalibrated option scores for every case, field by field."""
+                options: Options) -> list[dict[str, FieldResult]]:
+    """PCD's uncalibrated field results for every case, field by field."""
     from vllm_pcd.pipeline import constrained
 
     documents = [case.get("messages") or case["message"] for case in cases]
     results = constrained(llm, documents, schema, options)
-    return [{r.field.name: r.scores for r in result.fields} for result in results]
+    return [{r.field.name: r for r in result.fields} for result in results]
 
 
 def paired_difference(a: Sequence[bool], b: Sequence[bool], rounds: int = 2000, seed: int = 0

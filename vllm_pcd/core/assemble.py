@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from vllm_pcd.core.decision import greedy, most_probable
+from vllm_pcd.core.decision import chosen
 from vllm_pcd.core.schema import FieldSpec, SchemaSpec
 
 
@@ -27,15 +27,14 @@ class FieldResult:
 
     @property
     def best_index(self) -> int:
-        if self.decision == "greedy":
-            return greedy(self.stepwise or self.scores, self.paths)
-        return most_probable(self.scores)
+        return chosen(self.decision, self.scores, self.stepwise, self.paths)
 
-    def recalibrated(self, scores: Sequence[float], candidate_extra: Sequence[dict[str, Any]]
-                     ) -> FieldResult:
-        """The result under calibrated scores: the decoder's stepwise scores are not
-        calibrated, so they go, and a greedy choice follows the calibrated scores."""
-        return replace(self, scores=tuple(scores), stepwise=(),
+    def recalibrated(self, scores: Sequence[float], candidate_extra: Sequence[dict[str, Any]],
+                     stepwise: Sequence[float] = ()) -> FieldResult:
+        """The result under calibrated scores. The decoder's stepwise scores are not
+        calibrated, so they go (a greedy choice then follows the calibrated scores) unless the
+        map left the scores as they were and the caller keeps them."""
+        return replace(self, scores=tuple(scores), stepwise=tuple(stepwise),
                        candidate_extra=tuple(candidate_extra))
 
     @property

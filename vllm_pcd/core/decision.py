@@ -55,5 +55,14 @@ def greedy(stepwise: Sequence[float], paths: Sequence[Path]) -> int:
     return max(alive, key=stepwise.__getitem__)
 
 
+def chosen(decision: str, scores: Sequence[float], stepwise: Sequence[float] = (),
+           paths: Sequence[Path] = ()) -> int:
+    """The option a field answers under a resolved `decision`: the one rule for served results
+    and for the calibration fit that measures them."""
+    if decision == "greedy":
+        return greedy(stepwise or scores, paths)
+    return most_probable(scores)
+
+
 def mass(logprobs: Iterable[float]) -> float:
     return sum(math.exp(lp) for lp in logprobs)

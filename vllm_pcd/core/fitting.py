@@ -14,12 +14,24 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, NamedTuple, Sequence
 
+from vllm_pcd.core.decision import Path, chosen
 from vllm_pcd.core.scoring import log_softmax
 
 FLOOR = -100.0  # scores below this (options the head all but ruled out) count as this
-Row = tuple[Sequence[float], int]  # one labelled field: its option scores, the gold index
+
+
+class Row(NamedTuple):
+    """One labelled field: its option scores, the gold index, and what the server answers
+    from those scores (its resolved decision, with the paths and stepwise scores a greedy
+    one reads), so held-out figures describe the answers a client gets."""
+
+    scores: Sequence[float]
+    gold: int
+    decision: str = "most_probable"
+    paths: tuple[Path, ...] = ()
+    stepwise: tuple[float, ...] = ()
 
 
 def _logits(scores: Sequence[float], inverse_t: float, bias: Sequence[float] = ()
@@ -33,6 +45,7 @@ class Temperature:
     """Scores divided by one fitted temperature: confidence changes, answers do not."""
 
     method: ClassVar[str] = "temperature"
+    is_identity: ClassVar[bool] = False
     temperature: float = 1.0
 
     def apply(self, scores: Sequence[float]) -> list[float]:
@@ -53,6 +66,7 @@ class OptionBias:
     the bias takes out what a layout or the options' own words add to every answer."""
 
     method: ClassVar[str] = "option_bias"
+    is_identity: ClassVar[bool] = False
     temperature: float
     bias: tuple[float, ...]
 
@@ -75,6 +89,7 @@ class Identity:
     """No map: what a fitted method must beat."""
 
     method: ClassVar[str] = "none"
+    is_identity: ClassVar[bool] = True  # scores unchanged: a greedy answer keeps its stepwise path
 
     def apply(self, scores: Sequence[float]) -> list[float]:
         return list(scores)
@@ -110,7 +125,7 @@ def _loss(rows: Sequence[Row], inverse_t: float, bias: Sequence[float]
           ) -> tuple[float, float, list[float]]:
     """Mean log-loss plus the ridge, and its gradient in (1/T, bias)."""
     loss, grad_t, grad_b = 0.0, 0.0, [0.0] * len(bias)
-    for scores, gold in rows:
+    for scores, gold, *_ in rows:
         logp = log_softmax(_logits(scores, inverse_t, bias))
         loss -= logp[gold]
         for i, (s, lp) in enumerate(zip(scores, logp)):
@@ -174,20 +189,22 @@ def expected_calibration_error(points: Sequence[tuple[float, bool]], bins: int =
 
 
 def answer_points(calibrator: Calibrator, rows: Sequence[Row]) -> list[tuple[float, bool]]:
-    """(probability of the answer given, was it right) per row, after the map."""
+    """(probability of the answer given, was it right) per row, after the map: the answer the
+    server gives under the row's decision."""
     out = []
-    for scores, gold in rows:
-        mapped = calibrator.apply(scores)
-        best = max(range(len(mapped)), key=mapped.__getitem__)
-        out.append((math.exp(mapped[best]), best == gold))
+    for row in rows:
+        mapped = calibrator.apply(row.scores)
+        best = chosen(row.decision, mapped, row.stepwise if calibrator.is_identity else (),
+                      row.paths)
+        out.append((math.exp(mapped[best]), best == row.gold))
     return out
 
 
 def balanced_accuracy(calibrator: Calibrator, rows: Sequence[Row]) -> float | None:
     """The mean over gold options of their recall: what a label prior cannot raise."""
     recalls: dict[int, list[bool]] = {}
-    for (scores, gold), (_, ok) in zip(rows, answer_points(calibrator, rows)):
-        recalls.setdefault(gold, []).append(ok)
+    for row, (_, ok) in zip(rows, answer_points(calibrator, rows)):
+        recalls.setdefault(row.gold, []).append(ok)
     return sum(sum(r) / len(r) for r in recalls.values()) / len(recalls) if recalls else None
 
 

@@ -88,10 +88,12 @@ class Profile:
         candidate's diagnostics, and a threshold marks the field `low_confidence`."""
         out = []
         for result in results:
-            scores = self.fields[result.field.name].apply(result.scores)
+            calibrator = self.fields[result.field.name]
+            scores = calibrator.apply(result.scores)
             more = result.candidate_extra or tuple({} for _ in scores)
             mapped = result.recalibrated(scores, [{**m, "uncalibrated_score": raw}
-                                                  for m, raw in zip(more, result.scores)])
+                                                  for m, raw in zip(more, result.scores)],
+                                         result.stepwise if calibrator.is_identity else ())
             if (threshold := self.thresholds.get(result.field.name)) is not None:
                 chosen = math.exp(mapped.scores[mapped.best_index])
                 mapped = dataclasses.replace(mapped, extra={**mapped.extra,
