@@ -250,8 +250,8 @@ def test_the_command_scores_labelled_cases_and_writes_a_profile_that_loads(fp32_
     assert [schema for schema, _ in groups] == [PROFILED_SCHEMA]
     rows = groups[0][1]
     assert {name: len(r) for name, r in rows.items()} == {"urgent": 24, "channel": 24}
-    assert all(len(scores) == 3 and gold == k % 3
-               for k, (scores, gold) in enumerate(rows["channel"]))
+    assert all(len(row.scores) == 3 and row.gold == k % 3 and row.decision == "greedy"
+               for k, row in enumerate(rows["channel"]))  # token mode's default decision
     profiles, points = calibrate(str(model_path), groups, Options(), out=open(os.devnull, "w"))
     assert len(points["profile"]) == 2 * 12  # two fields of the 12 held-out cases
     write_profiles(tmp_path / "p.json", profiles)
