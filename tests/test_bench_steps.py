@@ -1,0 +1,27 @@
+"""`benchmarks.bench_steps` on the suite's in-process engine: a cold PCD call is two engine
+steps (the shared context, then every branch in one), the floor one, and the profiled rep is
+kept apart from the timings. No time is asserted."""
+
+from benchmarks import bench_steps
+
+
+def test_a_cold_call_is_a_context_step_then_one_branch_step(fp32_llm, model_path):
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    stock = CPUModelRunner.execute_model
+    result = bench_steps.measure(fp32_llm, str(model_path), fields=3, context=20, reps=2,
+                                 operators=True)
+    assert CPUModelRunner.execute_model is stock  # the timing hook is taken off again
+    pcd, floor = result["runs"]["pcd"], result["runs"]["floor"]
+    assert len(pcd) == len(floor) == 2
+    for run in pcd:
+        context, branches = run["steps"]
+        assert context["requests"] == 1 and branches["requests"] >= 3  # a request per field
+        assert run["outside_s"] >= 0
+    assert all([s["requests"] for s in run["steps"]] == [1] for run in floor)
+    # the floor computes the context and each branch position once, in its one step
+    assert context["tokens"] < floor[0]["steps"][0]["tokens"] <= context["tokens"] + \
+        branches["tokens"]
+    profiled = result["operators"]["pcd"]
+    assert len(profiled) == 2 and all(step["operators_ms"] for step in profiled)
+    assert "PCD / floor" in bench_steps.summary(result)
