@@ -188,14 +188,19 @@ def expected_calibration_error(points: Sequence[tuple[float, bool]], bins: int =
                for r in reliability(points, bins)) / len(points)
 
 
+def stepwise_kept(calibrator: Calibrator, stepwise: Sequence[float]) -> Sequence[float]:
+    """The decoder's stepwise scores a greedy answer still reads after the map: only a map
+    that leaves the scores as they are keeps them (the others are not calibrated)."""
+    return stepwise if calibrator.is_identity else ()
+
+
 def answer_points(calibrator: Calibrator, rows: Sequence[Row]) -> list[tuple[float, bool]]:
     """(probability of the answer given, was it right) per row, after the map: the answer the
     server gives under the row's decision."""
     out = []
     for row in rows:
         mapped = calibrator.apply(row.scores)
-        best = chosen(row.decision, mapped, row.stepwise if calibrator.is_identity else (),
-                      row.paths)
+        best = chosen(row.decision, mapped, stepwise_kept(calibrator, row.stepwise), row.paths)
         out.append((math.exp(mapped[best]), best == row.gold))
     return out
 

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Sequence
 from vllm_pcd.core.assemble import FieldResult
 from vllm_pcd.core.fitting import (METHODS, Calibrator, Identity, Row, answer_points,
                                    balanced_accuracy, calibrator_from_dict, choose,
-                                   expected_calibration_error, halves, reliability)
+                                   expected_calibration_error, halves, reliability,
+                                   stepwise_kept)
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.schema import SchemaSpec, parse_schema
 
@@ -93,7 +94,7 @@ class Profile:
             more = result.candidate_extra or tuple({} for _ in scores)
             mapped = result.recalibrated(scores, [{**m, "uncalibrated_score": raw}
                                                   for m, raw in zip(more, result.scores)],
-                                         result.stepwise if calibrator.is_identity else ())
+                                         stepwise_kept(calibrator, result.stepwise))
             if (threshold := self.thresholds.get(result.field.name)) is not None:
                 chosen = math.exp(mapped.scores[mapped.best_index])
                 mapped = dataclasses.replace(mapped, extra={**mapped.extra,
