@@ -122,8 +122,10 @@ def test_a_long_client_request_id_is_the_responses_alone(http):
     assert alone.status_code == 200, alone.text
     for response in results:
         assert response.status_code == 200, response.text
+        # The same body, batched with its twin or alone: on a bf16 server the batch's shape
+        # moves a probability a little (0.852 against 0.835 on a CPU with AMX).
         assert _probabilities(response.json()["answers"]) == pytest.approx(
-            _probabilities(alone.json()["answers"]), abs=2e-3)
+            _probabilities(alone.json()["answers"]), abs=0.05)
     systemone = http.post("/v1/systemone", headers={"X-Request-Id": long_id},
                           json={**SYSTEMONE, "model": http.model})
     assert systemone.status_code == 200, systemone.text
