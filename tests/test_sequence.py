@@ -12,7 +12,8 @@ from vllm_pcd.engine import TRIE_ENV, schedule
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import FieldPlan, build_plan
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
-from vllm_pcd.core.sequence import SequenceFieldPlan, build_sequence_field, node_lookup, serialize
+from vllm_pcd.core.sequence import (SequenceFieldPlan, build_sequence_field, edge_logprobs,
+                                   serialize)
 
 TRICKY = {
     "type": "object",
@@ -98,8 +99,8 @@ def engine_token_logprobs(result, field_index):
     fp = result.plan.fields[field_index]
     results = [r.logprobs for s, r in zip(result.plan.scorings, result.execution.branches)
                if s.field_index == field_index]
-    lookup = node_lookup(fp.nodes, results)
-    return [[lookup(seq[:j], seq[j]) for j in range(start, len(seq))]
+    edges = edge_logprobs(fp.nodes, results)
+    return [[edges[(seq[:j], seq[j])] for j in range(start, len(seq))]
             for seq, start in zip(fp.candidates, fp.score_from)]
 
 

@@ -70,17 +70,16 @@ class SequenceFieldPlan:
     def value_tokens(self, index: int) -> int:
         return len(self.candidates[index]) - self.score_from[index]
 
-    def candidate_logprobs(self, lookup: Callable[[tuple[int, ...], int], float]) -> list[float]:
-        """Summed log-probability of each candidate's tokens, from node results."""
-        return [sum(lookup(seq[:j], seq[j]) for j in range(start, len(seq)))
+    def candidate_logprobs(self, edges: Edges) -> list[float]:
+        """Summed log-probability of each candidate's tokens, from its edges' table."""
+        return [sum(edges[(seq[:j], seq[j])] for j in range(start, len(seq)))
                 for seq, start in zip(self.candidates, self.score_from)]
 
     def score(self, reports: Sequence[Any], normalization: str) -> Any:
         """The field's result from its nodes' reports (one per node, in order)."""
         edges = edge_logprobs(self.nodes, [r.logprobs for r in reports])
-        sums = self.candidate_logprobs(lambda prefix, token: edges[(prefix, token)])
-        among = among_children(edges)
-        stepwise = self.candidate_logprobs(lambda prefix, token: among[(prefix, token)])
+        sums = self.candidate_logprobs(edges)
+        stepwise = self.candidate_logprobs(among_children(edges))
         # the first scored position: the nodes with the shortest prefix (one request per chunk)
         root = min(len(n.prefix) for n in self.nodes)
         first = [n for n in self.nodes if len(n.prefix) == root]
@@ -176,8 +175,3 @@ def among_children(edges: Edges) -> Edges:
     totals = {prefix: scoring.log_sum_exp(values) for prefix, values in siblings.items()}
     return {(prefix, t): v - totals[prefix] for (prefix, t), v in edges.items()}
 
-
-def node_lookup(nodes: Sequence[Node],
-                results: Sequence[Mapping[int, float]]) -> Callable[[tuple[int, ...], int], float]:
-    table = edge_logprobs(nodes, results)
-    return lambda prefix, token: table[(prefix, token)]
