@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.methods import load_tokenizer
+from benchmarks.client import load_tokenizer
 from vllm_pcd.engine import TRIE_ENV
 from vllm_pcd.internals.fork import ENV
 from vllm_pcd.models import default_model_path

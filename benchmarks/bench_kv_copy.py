@@ -89,7 +89,7 @@ def engine_calls(model: str, fields: int, docs: int, reps: int) -> dict[str, Any
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-    from benchmarks.methods import load_tokenizer
+    from benchmarks.client import load_tokenizer
     from vllm_pcd import constrained
 
     llm = LLM(model, dtype="bfloat16", enable_prefix_caching=True, max_model_len=4096, seed=0)

@@ -23,8 +23,8 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.harness import provenance, publish, run_on_server, save_figure
-from benchmarks.methods import (ANSWERING, METHODS, Client, Outcome, Task, load_tokenizer,
-                                make_task, run_method)
+from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task
+from benchmarks.methods import ANSWERING, METHODS, run_method
 from benchmarks.metrics import is_schema_valid, median, p90
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.methods import load_tokenizer
+from benchmarks.client import load_tokenizer
 from vllm_pcd.models import default_model_path
 
 

@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.methods import load_tokenizer
+from benchmarks.client import load_tokenizer
 from vllm_pcd.core import in_context, schema as schema_module
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import Plan, build_plan

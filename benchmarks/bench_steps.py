@@ -8,8 +8,9 @@ timed where they run), the benchmarks' synthetic schema and ticket, the prefix c
 before every call so each is cold. Each model-runner step is timed around `execute_model`;
 the call's time outside its steps is planning, submission and output handling. PCD and the
 floor alternate call by call. `--operators` adds one more rep, torch-profiled and kept apart
-from the timings: the self time of the operators that dominate a CPU forward, per step: where a branch step's time goes
-beyond the tokens it computes (docs/benchmarks.md, "On a CPU with AMX").
+from the timings: the self time of the operators that dominate a CPU forward, per step, shows
+where a branch step's time goes beyond the tokens it computes (docs/benchmarks.md, "On a CPU
+with AMX").
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def measure(llm: Any, model: str, fields: int, context: int, reps: int, operator
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-    from benchmarks.methods import floor_ids, load_tokenizer, make_task
+    from benchmarks.client import load_tokenizer, make_task
+    from benchmarks.route_methods import floor_ids
     from vllm_pcd import constrained
 
     tokenizer, schema = load_tokenizer(model), synthetic_schema(fields)

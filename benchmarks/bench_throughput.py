@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
 from benchmarks.harness import provenance, publish, run_on_server, save_figure, server_parser
-from benchmarks.methods import Client, Outcome, Task, load_tokenizer, make_task, run_method
+from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task
+from benchmarks.methods import run_method
 from benchmarks.metrics import is_schema_valid, median
 
 # (method, layout) rows; AR JSON gets the field list first, so it shares the prefix cache too.

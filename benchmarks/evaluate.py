@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from benchmarks import public_data
 from benchmarks.harness import provenance, run_on_server, save_figure
-from benchmarks.methods import METHODS, Client, Outcome, load_tokenizer, make_task, run_method
+from benchmarks.client import Client, Outcome, load_tokenizer, make_task
+from benchmarks.methods import METHODS, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
                                 field_accuracy, first_option_share, label_accuracy, median, p90,
                                 paired_bootstrap, true_share, valid_rate)
@@ -236,7 +237,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--data", nargs="+", default=["dev"],
                         help="sources: dev, bigbench:<task>, rotten_tomatoes, bbc, "
-                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, bbc_multi, or a .jsonl path")
+                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, bbc_multi, "
+                             "or a .jsonl path")
     parser.add_argument("--model", default=str(default_model_path()),
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")

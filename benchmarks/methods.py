@@ -1,4 +1,5 @@
-"""Every method the benchmarks compare, as an HTTP client against one running server.
+"""Every method the benchmarks compare, as an HTTP client against one running server: PCD's
+chat completion and vLLM's structured-output idioms here, the other doors in `route_methods`.
 
 All methods see the same conversation and the same field list, so differences come from how
 each one computes, not from what it is asked. Each call runs under its own fresh `cache_salt`,
@@ -7,27 +8,20 @@ so no method ever starts from KV blocks another call (or an earlier repetition) 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import openai
 
-from benchmarks.letter_reads import letter_prompts
-from vllm_pcd.models import fast_dtype
-from vllm_pcd.core.assemble import assemble
-from vllm_pcd.core.execution import RequestReport
-from vllm_pcd.core.options import Options
-from vllm_pcd.core.plan import Plan, build_plan
+from benchmarks.client import Client, Outcome, Task, Unsupported, computed, error_text
+from benchmarks.route_methods import (floor, pcd_systemone, per_field, vllm_letters,
+                                      vllm_systemone)
 from vllm_pcd.core.prompt import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, instruction_text,
                                   with_instruction)
-from vllm_pcd.core.schema import SchemaSpec, parse_schema
-from vllm_pcd.core.scoring import field_results
+from vllm_pcd.core.schema import SchemaSpec
+from vllm_pcd.models import fast_dtype
 
 # The flags every benchmark server runs with: the dtype this CPU serves fastest (bf16 only
 # where it is native), cached-token counts in `usage` (the client-side token accounting needs
@@ -40,83 +34,6 @@ SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
                "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
                "--additional-config", json.dumps({"pcd": PCD_CONFIG}))
 GRAMMAR_DECODING = {"chat_template_kwargs": {"pcd_structured_outputs": False}}
-
-
-class Unsupported(Exception):
-    """The server cannot run this method; reported, never fatal."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One question set: the conversation, the schema, and the token plan PCD computes."""
-
-    messages: list[dict[str, Any]]
-    schema: dict[str, Any]
-    spec: SchemaSpec
-    plan: Plan
-    layout: str = DEFAULT_LAYOUT  # where every method puts the field list
-    tokenizer: Any = field(default=None, repr=False)  # for methods that write their own prompt
-
-
-def make_task(tokenizer: Any, schema: dict[str, Any], messages: list[dict[str, Any]],
-              layout: str = DEFAULT_LAYOUT) -> Task:
-    spec = parse_schema(schema)
-    return Task(messages, schema, spec, build_plan(tokenizer, spec, messages,
-                                                   Options(layout=layout)),
-                layout, tokenizer)
-
-
-def load_tokenizer(model: str | Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model))
-
-
-@dataclass
-class Outcome:
-    """What one call of one method gave. `None` means not observable from the client."""
-
-    status: str  # "ok", "unsupported: …" or "error: …"
-    object: dict[str, Any] | None = None
-    latency_s: float | None = None
-    tokens_computed: int | None = None
-    backbone_calls: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-class Client:
-    """One OpenAI-compatible server: the async client plus the served model's name."""
-
-    def __init__(self, url: str, timeout_s: float = 600):
-        self.api = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1",
-                                      api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                                      max_retries=0, timeout=timeout_s)
-        self.model: str | None = None
-
-    async def connect(self) -> "Client":
-        self.model = (await self.api.models.list()).data[0].id
-        return self
-
-    async def close(self) -> None:
-        await self.api.close()
-
-
-def _computed(usage: Any) -> int | None:
-    """Prompt tokens the engine did not find in its prefix cache (needs
-    --enable-prompt-tokens-details; None when the server does not report them)."""
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None)
-    return None if cached is None else usage.prompt_tokens - cached
-
-
-def _error_text(err: openai.APIStatusError) -> str:
-    body = err.body if isinstance(err.body, dict) else {}
-    body = body.get("error", body) if isinstance(body.get("error"), dict) else body
-    return f"HTTP {err.status_code}: {body.get('message') or err.message}"
 
 
 async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
@@ -132,7 +49,7 @@ async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
     except openai.BadRequestError as err:
         if mode == "token":
             raise
-        raise Unsupported(_error_text(err)) from err
+        raise Unsupported(error_text(err)) from err
     diag = resp.model_extra["pcd"]
     scores = {name: [c["score"] for c in f["candidates"]] for name, f in diag["fields"].items()}
     return Outcome("ok", json.loads(resp.choices[0].message.content),
@@ -261,126 +178,12 @@ async def structured(client: Client, task: Task, salt: str, idiom: str, pcd: boo
     if pcd:
         raise Unsupported("the server's vLLM path answered it (PCD structured outputs off)")
     usage = resp.usage
-    prompt = _computed(usage)
+    prompt = computed(usage)
     # One forward pass per generated token: the prefill yields the first, each decode step one.
     return Outcome("ok", obj,
                    tokens_computed=None if prompt is None else prompt + usage.completion_tokens - 1,
                    backbone_calls=usage.completion_tokens,
                    extra={"completion_tokens": usage.completion_tokens})
-
-
-async def _complete(client: Client, ids: list[int], salt: str,
-                    extra_body: dict[str, Any] | None = None, **options: Any) -> Any:
-    """One token after a token-id prompt: the completions API applies no chat template."""
-    return await client.api.completions.create(
-        model=client.model, prompt=ids, max_tokens=1, temperature=0,
-        extra_body={"cache_salt": salt, **(extra_body or {})}, **options)
-
-
-async def per_field(client: Client, task: Task, salt: str) -> Outcome:
-    """PCD's computation rebuilt from stock vLLM features: warm the shared prefix with one
-    request, then every branch PCD plans (one per token-mode field) as its own concurrent
-    request asking for the log-probabilities of exactly the tokens PCD scores there."""
-    plan = task.plan
-    warm = await _complete(client, list(plan.shared_ids), salt)
-    replies = await asyncio.gather(*(
-        _complete(client, [*plan.shared_ids, *s.suffix_ids], salt, logprobs=1,
-                  extra_body={"logprob_token_ids": list(s.token_ids),
-                              "return_tokens_as_token_ids": True})
-        for s in plan.scorings))
-    tops = [reply.choices[0].logprobs.top_logprobs[0] for reply in replies]
-    if any(f"token_id:{t}" not in top for s, top in zip(plan.scorings, tops) for t in s.token_ids):
-        return Outcome("unsupported: this vLLM's completions API ignores logprob_token_ids")
-    reports = [RequestReport(0, 0, None, {t: top[f"token_id:{t}"] for t in s.token_ids})
-               for s, top in zip(plan.scorings, tops)]
-    obj = assemble(task.spec, field_results(plan, reports, "sum"))  # PCD's own scoring
-    counts = [_computed(r.usage) for r in (warm, *replies)]
-    return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
-
-
-def systemone_question(spec_field: Any, raw: dict[str, Any]) -> dict[str, Any]:
-    instructions = raw.get("description") or spec_field.name
-    if spec_field.kind == "boolean":
-        return {"type": "noul", "instructions": instructions}
-    return {"type": "choice", "instructions": instructions,
-            "criteria": {o: None for o in spec_field.options}}
-
-
-async def _decision(client: Client, task: Task, salt: str, by_pcd: bool) -> Outcome:
-    """One `/v1/systemone` request: the system turns as its instructions, the rest as its
-    state, a question per field."""
-    system = [m["content"] for m in task.messages if m["role"] == "system"]
-    payload = {
-        "model": client.model,
-        "state": "\n\n".join(m["content"] for m in task.messages if m["role"] != "system"),
-        "questions": {f.name: systemone_question(f, task.schema["properties"][f.name])
-                      for f in task.spec.fields},
-        "cache_salt": salt,
-        **({"instructions": "\n\n".join(system)} if system else {}),
-        **({"chat_template_kwargs": {"pcd_layout": task.layout}} if by_pcd else {"pcd": False}),
-    }
-    try:
-        resp = await client.api.post("/systemone", body=payload, cast_to=object)
-    except openai.APIStatusError as err:
-        if err.status_code in (400, 404, 405, 501):
-            raise Unsupported(_error_text(err)) from err
-        raise
-    answers = resp["answers"]
-    obj = {f.name: (answers[f.name]["noul"] >= 0.5 if f.kind == "boolean"
-                    else answers[f.name]["choice"]) for f in task.spec.fields}
-    diag = resp.get("pcd")
-    return Outcome("ok", obj, tokens_computed=diag["tokens"]["computed"] if diag else None,
-                   backbone_calls=diag["backbone_calls"] if diag else None)
-
-
-async def pcd_systemone(client: Client, task: Task, salt: str) -> Outcome:
-    """vLLM's structured-decisions request shape, answered by PCD."""
-    return await _decision(client, task, salt, by_pcd=True)
-
-
-async def vllm_systemone(client: Client, task: Task, salt: str) -> Outcome:
-    """The same request answered by vLLM's own handler (a few Qwen3-family models only): one
-    1-token read per question, with its own prompt and letter codes."""
-    return await _decision(client, task, salt, by_pcd=False)
-
-
-async def vllm_letters(client: Client, task: Task, salt: str) -> Outcome:
-    """vLLM's `/v1/systemone` read (one request per question, letter or yes/no labels),
-    rebuilt on the completions API for any model (`letter_reads`)."""
-    try:
-        prompts = list(letter_prompts(task.tokenizer, task.messages, task.spec))
-    except ValueError as err:
-        raise Unsupported(str(err)) from err
-    replies = await asyncio.gather(*(
-        _complete(client, ids, salt, logprobs=1,
-                  extra_body={"logprob_token_ids": labels, "return_tokens_as_token_ids": True})
-        for ids, labels in prompts))
-    obj = {}
-    for f, (_, labels), reply in zip(task.spec.fields, prompts, replies):
-        top = reply.choices[0].logprobs.top_logprobs[0]
-        scores = [top[f"token_id:{t}"] for t in labels]
-        obj[f.name] = f.options[scores.index(max(scores))]
-    counts = [_computed(r.usage) for r in replies]
-    return Outcome("ok", obj, tokens_computed=None if None in counts else sum(counts))
-
-
-def floor_ids(plan: Plan) -> list[int]:
-    """The shared context, then every distinct branch position once (a token several branches
-    share, as in a value trie, counts once): `len == tokens.ideal` of the PCD diagnostics."""
-    ids, seen = list(plan.shared_ids), set()
-    for s in plan.scorings:
-        for j, token in enumerate(s.suffix_ids):
-            if (s.field_index, s.suffix_ids[:j + 1]) not in seen:
-                seen.add((s.field_index, s.suffix_ids[:j + 1]))
-                ids.append(token)
-    return ids
-
-
-async def floor(client: Client, task: Task, salt: str) -> Outcome:
-    """The least any method must compute: one prefill over the shared context and every
-    branch position, once each. It answers nothing."""
-    reply = await _complete(client, floor_ids(task.plan), salt)
-    return Outcome("ok", None, tokens_computed=_computed(reply.usage), backbone_calls=1)
 
 
 METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
@@ -403,10 +206,8 @@ METHODS: dict[str, Callable[[Client, Task, str], Awaitable[Outcome]]] = {
     "vllm_letters": vllm_letters,
     "floor": floor,
 }
-ANSWERING = ("pcd_token", "pcd_sequence", "pcd_token_codes", "pcd_token_json_next",
-             "pcd_token_json", "pcd_token_json_tight", "pcd_token_cf", "pcd_token_joint",
-             "pcd_token_most_probable", "ar_json", "pcd_response_format", "pcd_guided_choice", "vllm_guided_choice",
-             "per_field", "pcd_systemone", "vllm_systemone", "vllm_letters")
+# Every method but the floor returns an object to grade.
+ANSWERING = tuple(name for name in METHODS if name != "floor")
 
 
 async def run_method(name: str, client: Client, task: Task, salt: str | None = None) -> Outcome:
@@ -418,7 +219,7 @@ async def run_method(name: str, client: Client, task: Task, salt: str | None = N
     except Unsupported as err:
         return Outcome(f"unsupported: {err}")
     except Exception as err:  # one failed call must not end a long benchmark
-        detail = _error_text(err) if isinstance(err, openai.APIStatusError) else repr(err)
+        detail = error_text(err) if isinstance(err, openai.APIStatusError) else repr(err)
         return Outcome(f"error: {detail}")
     outcome.latency_s = time.perf_counter() - start
     return outcome

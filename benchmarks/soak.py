@@ -26,7 +26,7 @@ import httpx
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
 from benchmarks.harness import provenance, server
-from benchmarks.methods import load_tokenizer
+from benchmarks.client import load_tokenizer
 from benchmarks.metrics import is_schema_valid
 
 RESULTS = Path(__file__).resolve().parent / "results"

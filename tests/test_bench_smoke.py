@@ -10,7 +10,8 @@ import os
 import pytest
 
 from benchmarks import bench_latency, bench_refusals, bench_throughput, evaluate
-from benchmarks.methods import Client, load_tokenizer, make_task, run_method
+from benchmarks.client import Client, load_tokenizer, make_task
+from benchmarks.methods import run_method
 from tests.conftest import API_KEY
 
 # What every model is served: these must always run. The others may answer "unsupported".
