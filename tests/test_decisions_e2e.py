@@ -63,11 +63,13 @@ def test_every_systemone_question_type_gets_vllms_response_shape(http):
 
 
 def test_systemone_answers_what_the_chat_route_answers_for_the_same_schema(http):
-    """One plan: the decision's probabilities are the chat route's (restricted head) scores."""
+    """One plan: the decision's probabilities are the chat route's (restricted head) scores.
+    Each call under its own salt computes the same tokens in the same steps (a prefix-cache
+    hit would change the second call's batch shapes, and bf16 moves with them)."""
     questions, messages = systemone_request(SystemOneRequest.model_validate(SYSTEMONE))
-    decision = systemone(http, SYSTEMONE).json()
+    decision = systemone(http, {**SYSTEMONE, "cache_salt": "same-plan-decision"}).json()
     chat = http.post("/v1/chat/completions", json={
-        "model": decision["model"], "messages": messages,
+        "model": decision["model"], "messages": messages, "cache_salt": "same-plan-chat",
         "chat_template_kwargs": {"pcd_schema": to_schema(questions)}}).json()
     for q in questions:
         candidates = chat["pcd"]["fields"][q.key]["candidates"]

@@ -41,9 +41,13 @@ def answered_by_pcd(response):
 
 
 def test_invocations_answers_pcd_as_the_chat_route(http):
-    """SageMaker's door dispatches chat bodies to vLLM's chat handler, where PCD answers."""
-    route = answered_by_pcd(http.post("/v1/chat/completions", json=pcd_body(http)))
-    door = answered_by_pcd(http.post("/invocations", json=pcd_body(http)))
+    """SageMaker's door dispatches chat bodies to vLLM's chat handler, where PCD answers. Each
+    call under its own salt computes the same tokens in the same steps, so bf16 cannot part
+    them (a prefix-cache hit would change the second call's batch shapes)."""
+    route = answered_by_pcd(http.post("/v1/chat/completions",
+                                      json=pcd_body(http, cache_salt="doors-route")))
+    door = answered_by_pcd(http.post("/invocations",
+                                     json=pcd_body(http, cache_salt="doors-invocations")))
     assert door[0] == route[0]
     for name, field in route[1].items():
         assert [c["score"] for c in door[1][name]["candidates"]] == pytest.approx(
