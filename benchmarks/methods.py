@@ -30,9 +30,19 @@ STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 # PCD answers vLLM's structured-output idioms there too (`serving.structured`); AR JSON, vLLM's
 # own grammar decoding, opts out per request (GRAMMAR_DECODING).
 PCD_CONFIG = {"structured_outputs": True}
-SERVER_ARGS = ("--dtype", fast_dtype(), "--enable-prompt-tokens-details",
-               "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
-               "--additional-config", json.dumps({"pcd": PCD_CONFIG}))
+
+
+def server_args(pcd_config: dict[str, Any] | None = None, dtype: str | None = None
+                ) -> tuple[str, ...]:
+    """The benchmark server's flags, `pcd_config` merged into PCD's part of the one
+    `--additional-config` (vLLM keeps only the last of a repeated flag), `dtype` in place of
+    the fast one."""
+    return ("--dtype", dtype or fast_dtype(), "--enable-prompt-tokens-details",
+            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
+            "--additional-config", json.dumps({"pcd": {**PCD_CONFIG, **(pcd_config or {})}}))
+
+
+SERVER_ARGS = server_args()
 GRAMMAR_DECODING = {"chat_template_kwargs": {"pcd_structured_outputs": False}}
 
 

@@ -1,9 +1,9 @@
 import os
+from typing import Any
 
 import pytest
 
-from benchmarks.methods import PCD_CONFIG
-from benchmarks.methods import SERVER_ARGS as BENCHMARK_SERVER_ARGS
+from benchmarks.methods import server_args as benchmark_server_args
 from vllm_pcd.models import default_model_path
 
 CPU_BLOCK_SIZE = 128
@@ -76,7 +76,15 @@ API_KEY = "pcd-test-key"
 # One plugin server for the HTTP tests and the benchmark smoke test: the benchmarks' flags (the
 # dtype this CPU serves fastest, cached-token counts, xgrammar for the AR baseline) and an API
 # key so every route's authentication is exercised too.
-SERVER_ARGS = [*BENCHMARK_SERVER_ARGS, "--max-model-len", "4096", "--api-key", API_KEY]
+
+
+def server_args(**benchmark: Any) -> list[str]:
+    """The test servers' flags: the benchmarks' (`benchmarks.methods.server_args`), a model
+    length and the API key."""
+    return [*benchmark_server_args(**benchmark), "--max-model-len", "4096", "--api-key", API_KEY]
+
+
+SERVER_ARGS = server_args()
 
 
 # The shared server's one calibration profile (`core.profiles`): a schema no other test asks.
@@ -110,14 +118,11 @@ def write_test_profile(folder, model_path):
 def pcd_server(model_path, tmp_path_factory):
     """Base URL of `VLLM_PLUGINS=pcd vllm serve` on the default model, answering vLLM's own
     structured-output requests too (a request opts out with `pcd_structured_outputs`)."""
-    import json
-
     from vllm_pcd.launch import serve
 
     folder = tmp_path_factory.mktemp("serve")
-    config = {"pcd": {**PCD_CONFIG,
-                      "calibration_profiles": [str(write_test_profile(folder, model_path))]}}
-    args = [*SERVER_ARGS, "--additional-config", json.dumps(config)]
+    args = server_args(pcd_config={
+        "calibration_profiles": [str(write_test_profile(folder, model_path))]})
     with serve(model_path, args=args, log_path=folder / "vllm.log") as url:
         yield url
 

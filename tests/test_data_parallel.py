@@ -60,14 +60,17 @@ def test_pcd_calls_are_pinned_to_one_engine_each(dp_server, pcd_server, tokenize
 
 def test_decision_requests_are_pinned_to_one_engine_each(dp_server, pcd_server):
     """The decision routes make the same pinned PCD call: both engines answer the same
-    probabilities as the single-engine server, in 2 backbone calls each."""
+    probabilities as the single-engine server, in 2 backbone calls each. One salt of their
+    own makes each engine's first call cold, as the reference is: a prefix an earlier test
+    cached in other batch shapes would move bf16 scores."""
     from tests.test_decisions import SYSTEMONE
 
+    body = {**SYSTEMONE, "cache_salt": "dp-decision"}
     with httpx.Client(base_url=dp_server, headers=AUTH, timeout=300) as dp, \
             httpx.Client(base_url=pcd_server, headers=AUTH, timeout=300) as single:
-        reference = single.post("/v1/systemone", json=SYSTEMONE).json()
+        reference = single.post("/v1/systemone", json=body).json()
         for _ in range(2):  # calls take the engines in turn
-            answer = dp.post("/v1/systemone", json=SYSTEMONE)
+            answer = dp.post("/v1/systemone", json=body)
             assert answer.status_code == 200, answer.text[:300]
             body = answer.json()
             assert body["pcd"]["backbone_calls"] == 2

@@ -179,7 +179,8 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
                            "messages": [{"role": "user", "content": "Hello"}]}})
     source, sink = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    from benchmarks.methods import PCD_CONFIG, SERVER_ARGS
+    from benchmarks.methods import PCD_CONFIG
+    from vllm_pcd.models import fast_dtype
     from vllm_pcd.launch import vllm_command
 
     env = {k: v for k, v in os.environ.items()
@@ -187,7 +188,8 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
     env.update(VLLM_PLUGINS="pcd", VLLM_CPU_KVCACHE_SPACE="1")
     run = subprocess.run([vllm_command(), "run-batch", "-i", str(source), "-o", str(sink),
                           "--model", str(model_path), "--max-model-len", "4096",
-                          *SERVER_ARGS[:2], "--additional-config", json.dumps({"pcd": PCD_CONFIG})],
+                          "--dtype", fast_dtype(),
+                          "--additional-config", json.dumps({"pcd": PCD_CONFIG})],
                          env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -4,7 +4,6 @@ running or waiting and that every KV block came back."""
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 import uuid
@@ -14,7 +13,7 @@ import pytest
 
 from benchmarks.bench_latency import synthetic_ticket
 from benchmarks.soak import engine_state, is_idle, metric_value, wait_until_idle
-from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
+from tests.conftest import API_KEY, MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, server_args
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = "/v1/chat/completions"
@@ -146,10 +145,10 @@ def fault_server(model_path, tmp_path_factory):
     (dist / "entry_points.txt").write_text(
         "[vllm.general_plugins]\npcd_fault = pcd_fault_plugin:register\n")
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-    bound = ["--additional-config", json.dumps({"pcd": {"limits": {"max_request_seconds": BOUND_S}}})]
     # float32: the split group's late branch runs alone in its step, and in bf16 a batch of
     # another shape can move a score by a tenth (seen on a CPU with AMX); it compares scores.
-    with serve(model_path, args=[*SERVER_ARGS, "--dtype", "float32", *bound],
+    args = server_args(pcd_config={"limits": {"max_request_seconds": BOUND_S}}, dtype="float32")
+    with serve(model_path, args=args,
                plugins="pcd,pcd_fault",
                env={"PYTHONPATH": path}, log_path=root / "vllm.log") as url:
         yield url
