@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Sequence
 
 from vllm_pcd.core.decision import chosen
@@ -25,8 +26,10 @@ class FieldResult:
     stepwise: tuple[float, ...] = ()
     decision: str = "most_probable"   # how the value is chosen (`decision.DECISIONS`)
 
-    @property
+    @cached_property
     def best_index(self) -> int:
+        """Read by the value, its margin and the diagnostics: decided once (a greedy walk over
+        the options' paths is not free at 32 fields)."""
         return chosen(self.decision, self.scores, self.stepwise, self.paths)
 
     def recalibrated(self, scores: Sequence[float], candidate_extra: Sequence[dict[str, Any]],
