@@ -20,6 +20,10 @@ def test_own_tags_round_trip_and_forgeries_fail():
     params = branch_params([3, 9], ("g-b0", 4), shared_len=130, restrict=True, fork_lengths=[140])
     assert tags.check(params.extra_args) == tags.Tags("g-b0", 4, (130, 140), (3, 9))
     assert tags.check(prefill_params(130).extra_args) == tags.Tags(shared=(130,))
+    assert tags.check(prefill_params(130, opens="c").extra_args) == tags.Tags(shared=(130,),
+                                                                            opens="c")
+    gated = branch_params([3], ("g-b0", 1), 130, after="c").extra_args
+    assert tags.check(gated) == tags.Tags("g-b0", 1, (130,), after="c")
     assert tags.check(None) is None and tags.check({"other": 1}) is None
     body = dict(params.extra_args["pcd"])
     forged = [
@@ -38,7 +42,8 @@ def test_own_tags_round_trip_and_forgeries_fail():
 @pytest.mark.parametrize("bad", [
     tags.Tags("g", 0), tags.Tags("g", -1), tags.Tags("", 2), tags.Tags("g" * 300, 2),
     tags.Tags(shared=(0,)), tags.Tags(shared=tuple(range(1, 40))), tags.Tags(allowed=(-1,)),
-    tags.Tags(allowed=(1 << 40,)), tags.Tags(allowed=()),
+    tags.Tags(allowed=(1 << 40,)), tags.Tags(allowed=()), tags.Tags(opens=""),
+    tags.Tags(after="x" * 300),
 ])
 def test_signed_but_malformed_tags_fail(bad):
     """Even a correctly signed tag must be well formed: the engine never trusts the shape."""
@@ -84,8 +89,9 @@ class FakeScheduler:
         return len(self.requests)
 
 
-def request(rid, group=None, size=None):
-    return SimpleNamespace(request_id=rid, pcd_tags=tags.Tags(group, size) if group else None)
+def request(rid, group=None, size=None, **gate):
+    return SimpleNamespace(request_id=rid,
+                           pcd_tags=tags.Tags(group, size, **gate) if group or gate else None)
 
 
 @pytest.fixture
@@ -146,6 +152,62 @@ def test_aborts_release_held_requests(scheduler_cls):
     sched.finish_requests(None, "aborted")  # abort-all (pause, shutdown) finds the held too
     assert sched.finished == ["a", "b", "c"] and not admission.pending(sched).groups
     assert sched.get_num_unfinished_requests() == 0
+
+
+def test_a_gated_group_enters_the_step_after_its_context_finishes(scheduler_cls, monkeypatch):
+    """Submitted with its context, the first branch group waits behind the context's gate
+    however long the context runs, and enters the step after it leaves; the gate goes with
+    the group."""
+    monkeypatch.setattr(admission, "GROUP_WAIT_S", 0.05)
+    sched = scheduler_cls()
+    sched.add_request(request("ctx", opens="call"))
+    for rid in ("a", "b"):
+        sched.add_request(request(rid, "call-b0", 2, after="call"))
+    assert sched.schedule() == ["ctx"] and sched.get_num_unfinished_requests() == 3
+    time.sleep(0.06)  # an open gate is never stale
+    assert sched.schedule() == []
+    del sched.requests["ctx"]  # finished: vLLM frees its blocks (the fork's tail stays cached)
+    assert sched.schedule() == ["a", "b"]
+    held = admission.pending(sched)
+    assert not held.groups and not held.gates
+
+
+def test_a_group_arriving_after_its_gate_closed_enters_at_once(scheduler_cls):
+    sched = scheduler_cls()
+    sched.add_request(request("ctx", opens="call"))
+    assert sched.schedule() == ["ctx"]
+    del sched.requests["ctx"]
+    assert sched.schedule() == []
+    sched.add_request(request("a", "call-b0", 1, after="call"))
+    assert sched.schedule() == ["a"] and not admission.pending(sched).gates
+
+
+def test_a_gate_that_never_opens_or_is_never_used_is_bounded(scheduler_cls, monkeypatch):
+    """A group behind a gate no context opened is held `GROUP_WAIT_S` at most; a closed gate
+    no group came for is forgotten as long after."""
+    monkeypatch.setattr(admission, "GROUP_WAIT_S", 0.05)
+    sched = scheduler_cls()
+    sched.add_request(request("a", "lost-b0", 1, after="lost"))
+    sched.add_request(request("ctx", opens="unused"))
+    assert sched.schedule() == ["ctx"]
+    del sched.requests["ctx"]
+    time.sleep(0.06)
+    assert sched.schedule() == ["a"]  # stale: it enters; the unused gate closes now
+    held = admission.pending(sched)
+    assert not held.groups and set(held.gates) == {"unused"}
+    time.sleep(0.06)
+    assert sched.schedule() == [] and not held.gates
+
+
+def test_aborting_a_gated_group_or_its_context_leaves_nothing_held(scheduler_cls):
+    sched = scheduler_cls()
+    sched.add_request(request("ctx", opens="call"))
+    sched.add_request(request("a", "call-b0", 2, after="call"))
+    sched.add_request(request("b", "call-b0", 2, after="call"))
+    sched.schedule()
+    sched.finish_requests(["ctx", "a", "b"], "aborted")  # the call's task was cancelled
+    assert sched.finished == ["ctx", "a", "b"] and sched.get_num_unfinished_requests() == 0
+    assert not admission.pending(sched).groups
 
 
 def test_reserved_parts_are_found_in_any_body():

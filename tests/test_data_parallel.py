@@ -65,12 +65,12 @@ def test_decision_requests_are_pinned_to_one_engine_each(dp_server, pcd_server):
     cached in other batch shapes would move bf16 scores."""
     from tests.test_decisions import SYSTEMONE
 
-    body = {**SYSTEMONE, "cache_salt": "dp-decision"}
+    salted = {**SYSTEMONE, "cache_salt": "dp-decision"}
     with httpx.Client(base_url=dp_server, headers=AUTH, timeout=300) as dp, \
             httpx.Client(base_url=pcd_server, headers=AUTH, timeout=300) as single:
-        reference = single.post("/v1/systemone", json=body).json()
+        reference = single.post("/v1/systemone", json=salted).json()
         for _ in range(2):  # calls take the engines in turn
-            answer = dp.post("/v1/systemone", json=body)
+            answer = dp.post("/v1/systemone", json=salted)
             assert answer.status_code == 200, answer.text[:300]
             body = answer.json()
             assert body["pcd"]["backbone_calls"] == 2

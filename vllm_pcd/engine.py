@@ -69,28 +69,31 @@ def chained_tries() -> bool:
     return value == "chained"
 
 
-def prefill_params(shared_len: int | None = None, reads: Sequence[int] = ()) -> SamplingParams:
+def prefill_params(shared_len: int | None = None, reads: Sequence[int] = (),
+                   opens: str | None = None) -> SamplingParams:
     """`shared_len` tags the request so the branches can fork its KV at that length; `reads`
-    adds the lengths of earlier prompts it may fork from itself (a conditioned round's)."""
+    adds the lengths of earlier prompts it may fork from itself (a conditioned round's);
+    `opens` names the gate its first branch group waits behind (`internals.admission`)."""
     lengths = tuple(sorted({n for n in (shared_len, *reads) if n}))
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                          extra_args=tags.encode(tags.Tags(shared=lengths)))
+                          extra_args=tags.encode(tags.Tags(shared=lengths, opens=opens)))
 
 
-def context_params(plan: Plan) -> SamplingParams:
-    return prefill_params(len(plan.shared_ids), plan.reads[0] if plan.reads else ())
+def context_params(plan: Plan, opens: str | None = None) -> SamplingParams:
+    return prefill_params(len(plan.shared_ids), plan.reads[0] if plan.reads else (), opens)
 
 
 def branch_params(token_ids: Sequence[int], group: tuple[str, int] | None = None,
                   shared_len: int | None = None, restrict: bool = False,
-                  fork_lengths: Sequence[int] = ()) -> SamplingParams:
-    """`group` (id, size) admits the request with its batch; `restrict` tags it so the LM
-    head projects onto `token_ids` only; `fork_lengths` adds prompt lengths to fork at beyond
-    the shared context."""
+                  fork_lengths: Sequence[int] = (), after: str | None = None
+                  ) -> SamplingParams:
+    """`group` (id, size) admits the request with its batch, behind the gate `after` when
+    given; `restrict` tags it so the LM head projects onto `token_ids` only; `fork_lengths`
+    adds prompt lengths to fork at beyond the shared context."""
     lengths = tuple(sorted({n for n in (shared_len, *fork_lengths) if n}))
     group_id, group_size = group or (None, None)
     extra = tags.encode(tags.Tags(group_id, group_size, lengths,
-                                  tuple(token_ids) if restrict else None))
+                                  tuple(token_ids) if restrict else None, after=after))
     asked = [*token_ids, probe_id(token_ids)] if restrict else list(token_ids)
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                           logprob_token_ids=asked, extra_args=extra)
@@ -144,10 +147,12 @@ def fork_lengths(scorings: Sequence[Scoring], shared_len: int, chained: bool) ->
     return lengths
 
 
-def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_salt: str | None
+def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_salt: str | None,
+                   gate: str | None = None
                    ) -> list[list[tuple[int, TokensPrompt, SamplingParams]]]:
     """Every scoring request, in the batches it runs in: (scoring index, prompt, params).
-    Each batch is tagged as one admission group, so one engine step takes it whole."""
+    Each batch is tagged as one admission group, so one engine step takes it whole; the
+    first waits behind `gate`, the shared context's, when given."""
     shared_len = len(plan.shared_ids)
     scorings = plan.scorings
     chained = chained_tries()
@@ -160,7 +165,8 @@ def branch_batches(plan: Plan, group_id: str, branches_per_batch: int, cache_sal
         together = (f"{group_id}-b{number}", len(batch))
         batches.append([(i, _prompt(plan.shared_ids + scorings[i].suffix_ids, cache_salt),
                          branch_params(scorings[i].token_ids, together, shared_len,
-                                       scorings[i].restricted, forks[i]))
+                                       scorings[i].restricted, forks[i],
+                                       gate if number == 0 else None))
                         for i in batch])
     return batches
 
@@ -212,24 +218,36 @@ async def _final(stream: AsyncIterator[Any]) -> Any:
 async def run_online(engine: Any, plan: Plan, *, branches_per_batch: int,
                      request_id: str | None = None, cache_salt: str | None = None,
                      data_parallel_rank: int | None = None) -> Execution:
-    """Execution on an `EngineClient` (the API server's AsyncLLM). Cancelling the calling task
-    aborts every request still in flight: vLLM aborts a request whose stream is closed.
-    With several data-parallel engines, `data_parallel_rank` pins every request to one, where
-    the context's KV and the branches' admission groups are."""
+    """Execution on an `EngineClient` (the API server's AsyncLLM). The first branch batch is
+    submitted with the shared context, behind its gate, so the engine starts it in the step
+    after the context's without waiting for this side. Cancelling the calling task aborts
+    every request still in flight: vLLM aborts a request whose stream is closed. With
+    several data-parallel engines, `data_parallel_rank` pins every request to one, where the
+    context's KV and the branches' admission groups are."""
     rid = request_id or f"pcd-{uuid.uuid4().hex}"
     pinned = {"data_parallel_rank": data_parallel_rank} if data_parallel_rank is not None else {}
-    start = time.perf_counter()
-    prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
-                                           context_params(plan), f"{rid}-ctx", **pinned)
-                           ) if plan.context else None
-    mid = time.perf_counter()
+    gate = f"{rid}-ctx" if plan.context else None
     outputs: list[Any] = [None] * len(plan.scorings)
-    for batch in branch_batches(plan, rid, branches_per_batch, cache_salt):
-        # A TaskGroup cancels (and so aborts) the sibling branches when one fails.
+    prefill, mid = None, None
+
+    async def context() -> None:
+        nonlocal prefill, mid
+        prefill = await _final(engine.generate(_prompt(plan.shared_ids, cache_salt),
+                                               context_params(plan, gate), gate, **pinned))
+        mid = time.perf_counter()
+
+    start = time.perf_counter()
+    for number, batch in enumerate(branch_batches(plan, rid, branches_per_batch, cache_salt,
+                                                  gate)):
+        # A TaskGroup cancels (and so aborts) the sibling requests when one fails.
         async with asyncio.TaskGroup() as group:
+            if number == 0 and gate is not None:
+                group.create_task(context())
             tasks = {i: group.create_task(_final(engine.generate(prompt, params, f"{rid}-s{i}",
                                                                  **pinned)))
                      for i, prompt, params in batch}
         for i, task in tasks.items():
             outputs[i] = task.result()
-    return _execution(plan, prefill, outputs, start, mid, time.perf_counter())
+    if gate is not None and prefill is None:  # a plan without branches
+        await context()
+    return _execution(plan, prefill, outputs, start, mid or start, time.perf_counter())

@@ -11,6 +11,14 @@ Nothing is held for long, whatever arrives or not:
   engine keeps stepping while any are held, even when nothing else arrives;
 - an aborted member releases its group (so the abort finds it), and an abort of every request
   (pause with abort, shutdown) releases them all.
+
+A call's first branch group can be submitted with its shared context instead of after it
+(`Tags.after` names the gate the context request `Tags.opens`): the group is then held until
+that request has finished, when its KV is in the prefix cache to fork, and enters the next
+step, with no round trip through the API server between the context's step and the
+branches'. An open gate holds its group for as long as its context runs (the context's own
+life is bounded); a gate that never opened holds it `GROUP_WAIT_S` at most, and a closed gate
+is forgotten once its group has entered, or `GROUP_WAIT_S` after it closed.
 """
 
 from __future__ import annotations
@@ -34,13 +42,41 @@ def _group_of(request: Any) -> tuple[str, int] | None:
 
 
 class Pending:
-    """Groups held at admission: group id → (first arrival, members)."""
+    """Groups held at admission: group id → (first arrival, members); and gates: a gate's
+    name → its context request's id and when that request was seen finished (None while it
+    runs)."""
 
     def __init__(self) -> None:
         self.groups: dict[str, tuple[float, list[Any]]] = {}
+        self.gates: dict[str, tuple[str, float | None]] = {}
+
+    def _after(self, group: str) -> str | None:
+        tags = tags_of(self.groups[group][1][0])
+        return tags.after if tags is not None else None
+
+    def _gate_open(self, group: str) -> bool:
+        gate = self.gates.get(self._after(group) or "")
+        return gate is not None and gate[1] is None
+
+    def ready(self, group: str, size: int) -> bool:
+        """Every member is here, and the gate it waits behind (if any) has closed."""
+        after = self._after(group)
+        gate = self.gates.get(after) if after is not None else None
+        closed = after is None or (gate is not None and gate[1] is not None)
+        return len(self.groups[group][1]) >= size and closed
 
     def stale(self, now: float) -> list[str]:
-        return [g for g, (since, _) in self.groups.items() if now - since > GROUP_WAIT_S]
+        return [g for g, (since, _) in self.groups.items()
+                if now - since > GROUP_WAIT_S and not self._gate_open(g)]
+
+    def close_gates(self, live: Any, now: float) -> None:
+        """Gates whose context request has left the scheduler close; closed ones are
+        forgotten after `GROUP_WAIT_S`."""
+        for name, (opener, closed) in list(self.gates.items()):
+            if closed is None and opener not in live:
+                self.gates[name] = (opener, now)
+            elif closed is not None and now - closed > GROUP_WAIT_S:
+                del self.gates[name]
 
     def held(self) -> int:
         return sum(len(members) for _, members in self.groups.values())
@@ -65,31 +101,48 @@ def patch_scheduler(scheduler_cls: Any, paused_all: Any = None) -> None:
     unfinished = scheduler_cls.get_num_unfinished_requests
 
     def release(self: Any, group: str) -> None:
-        _, members = pending(self).groups.pop(group)
+        held = pending(self)
+        _, members = held.groups.pop(group)
+        tags = tags_of(members[0])
+        if tags is not None and tags.after is not None:
+            held.gates.pop(tags.after, None)  # a gate serves one group
         for member in members:
             add_request(self, member)
 
-    def release_stale(self: Any) -> None:
-        for group in pending(self).stale(time.monotonic()):
+    def release_due(self: Any) -> None:
+        """Groups whose gate has closed, and stale ones."""
+        held, now = pending(self), time.monotonic()
+        if held.gates:
+            held.close_gates(self.requests, now)
+        for group in list(held.groups):
+            _, size = _group_of(held.groups[group][1][0])
+            if held.ready(group, size):
+                release(self, group)
+        for group in held.stale(now):
             release(self, group)
 
     @functools.wraps(add_request)
     def add_request_grouped(self: Any, request: Any) -> None:
-        release_stale(self)
+        held = pending(self)
+        if held.groups:
+            release_due(self)
+        tags = tags_of(request)
+        if tags is not None and tags.opens is not None:
+            held.gates[tags.opens] = (request.request_id, None)
         tag = _group_of(request)
         if tag is None or request.request_id in self.requests:
             return add_request(self, request)
         group, size = tag
-        _, members = pending(self).groups.setdefault(group, (time.monotonic(), []))
+        _, members = held.groups.setdefault(group, (time.monotonic(), []))
         members.append(request)
-        if len(members) >= size:
+        if held.ready(group, size):
             release(self, group)
 
     @functools.wraps(schedule)
     def schedule_releasing(self: Any, *args: Any, **kwargs: Any) -> Any:
         held = pending(self)
-        if held.groups:
-            release_stale(self)
+        if held.groups or held.gates:
+            release_due(self)
             if held.groups and not self.requests:
                 time.sleep(IDLE_POLL_S)
         return schedule(self, *args, **kwargs)

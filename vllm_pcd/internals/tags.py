@@ -63,6 +63,8 @@ class Tags:
     group_size: int | None = None
     shared: tuple[int, ...] = ()      # prompt lengths to fork the KV at
     allowed: tuple[int, ...] | None = None  # restricted LM head: the only ids to project
+    opens: str | None = None          # a shared context's gate (`admission`)...
+    after: str | None = None          # ...that this group is held behind until it finishes
 
 
 def _body(tags: Tags) -> dict[str, Any]:
@@ -73,7 +75,16 @@ def _body(tags: Tags) -> dict[str, Any]:
         body["shared"] = list(tags.shared)
     if tags.allowed is not None:
         body["allowed"] = list(tags.allowed)
+    for key in ("opens", "after"):
+        if getattr(tags, key) is not None:
+            body[key] = getattr(tags, key)
     return body
+
+
+def _name(value: Any, what: str) -> str | None:
+    if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_GROUP_CHARS):
+        raise BadTag(f"PCD tag {what}: a string of 1 to {MAX_GROUP_CHARS} characters")
+    return value
 
 
 def _signature(body: dict[str, Any]) -> str:
@@ -99,7 +110,7 @@ def _ints(value: Any, what: str, *, max_items: int, low: int) -> tuple[int, ...]
 def _decode_body(body: Any) -> Tags:
     if not isinstance(body, dict):
         raise BadTag("PCD tag: must be an object")
-    unknown = set(body) - {"group", "group_size", "shared", "allowed", "sig"}
+    unknown = set(body) - {"group", "group_size", "shared", "allowed", "opens", "after", "sig"}
     if unknown:
         raise BadTag(f"PCD tag: unknown keys {sorted(map(str, unknown))[:4]}")
     sig = body.get("sig")
@@ -120,7 +131,8 @@ def _decode_body(body: Any) -> Tags:
                 _ints(shared, "shared", max_items=MAX_FORK_LENGTHS, low=1) if shared is not None
                 else (),
                 _ints(allowed, "allowed", max_items=MAX_ALLOWED_IDS, low=0)
-                if allowed is not None else None)
+                if allowed is not None else None,
+                _name(content.get("opens"), "opens"), _name(content.get("after"), "after"))
 
 
 def check(extra_args: Any) -> Tags | None:
