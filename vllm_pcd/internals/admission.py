@@ -50,24 +50,28 @@ class Pending:
         self.groups: dict[str, tuple[float, list[Any]]] = {}
         self.gates: dict[str, tuple[str, float | None]] = {}
 
-    def _after(self, group: str) -> str | None:
+    def _gate(self, group: str) -> tuple[bool, tuple[str, float | None] | None]:
+        """Whether the group waits behind a gate, and that gate (None until a context opens
+        it)."""
         tags = tags_of(self.groups[group][1][0])
-        return tags.after if tags is not None else None
-
-    def _gate_open(self, group: str) -> bool:
-        gate = self.gates.get(self._after(group) or "")
-        return gate is not None and gate[1] is None
+        if tags is None or tags.after is None:
+            return False, None
+        return True, self.gates.get(tags.after)
 
     def ready(self, group: str, size: int) -> bool:
         """Every member is here, and the gate it waits behind (if any) has closed."""
-        after = self._after(group)
-        gate = self.gates.get(after) if after is not None else None
-        closed = after is None or (gate is not None and gate[1] is not None)
+        gated, gate = self._gate(group)
+        closed = not gated or (gate is not None and gate[1] is not None)
         return len(self.groups[group][1]) >= size and closed
 
     def stale(self, now: float) -> list[str]:
+        """Groups held `GROUP_WAIT_S`, unless behind a gate whose context still runs."""
+        def gate_open(group: str) -> bool:
+            _, gate = self._gate(group)
+            return gate is not None and gate[1] is None
+
         return [g for g, (since, _) in self.groups.items()
-                if now - since > GROUP_WAIT_S and not self._gate_open(g)]
+                if now - since > GROUP_WAIT_S and not gate_open(g)]
 
     def close_gates(self, live: Any, now: float) -> None:
         """Gates whose context request has left the scheduler close; closed ones are
