@@ -5,6 +5,9 @@ Both the offline `vllm.LLM` and the server's `EngineClient` go through the same 
 2. every scoring request of the plan (shared context + a branch's tokens) submitted together,
    one token of output each, asking the engine for the log-probabilities of exactly the
    tokens to score (option codes in token mode, trie children in sequence mode).
+On the server the first branch batch is submitted with the context request and the engine
+core holds it until the context has finished (`internals.admission`'s gate), so step 2
+follows step 1 without a round trip through the API server.
 Sequence-mode trie nodes chain by default: a node runs after its parent and forks the
 parent's KV, so every trie token is computed once, at one more backbone call per trie
 level. `PCD_TRIE=flat` runs all nodes in step 2 instead, each recomputing its path.
