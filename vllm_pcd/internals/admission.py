@@ -58,11 +58,12 @@ class Pending:
             return False, None
         return True, self.gates.get(tags.after)
 
-    def ready(self, group: str, size: int) -> bool:
+    def ready(self, group: str) -> bool:
         """Every member is here, and the gate it waits behind (if any) has closed."""
+        members = self.groups[group][1]
         gated, gate = self._gate(group)
         closed = not gated or (gate is not None and gate[1] is not None)
-        return len(self.groups[group][1]) >= size and closed
+        return len(members) >= tags_of(members[0]).group_size and closed
 
     def stale(self, now: float) -> list[str]:
         """Groups held `GROUP_WAIT_S`, unless behind a gate whose context still runs."""
@@ -119,8 +120,7 @@ def patch_scheduler(scheduler_cls: Any, paused_all: Any = None) -> None:
         if held.gates:
             held.close_gates(self.requests, now)
         for group in list(held.groups):
-            _, size = _group_of(held.groups[group][1][0])
-            if held.ready(group, size):
+            if held.ready(group):
                 release(self, group)
         for group in held.stale(now):
             release(self, group)
@@ -136,10 +136,10 @@ def patch_scheduler(scheduler_cls: Any, paused_all: Any = None) -> None:
         tag = _group_of(request)
         if tag is None or request.request_id in self.requests:
             return add_request(self, request)
-        group, size = tag
+        group, _ = tag
         _, members = held.groups.setdefault(group, (time.monotonic(), []))
         members.append(request)
-        if held.ready(group, size):
+        if held.ready(group):
             release(self, group)
 
     @functools.wraps(schedule)
