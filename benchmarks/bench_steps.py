@@ -5,7 +5,8 @@
 
 One engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the worker's steps can be
 timed where they run), the benchmarks' synthetic schema and ticket, the prefix cache emptied
-before every call so each is cold. Each model-runner step is timed around `execute_model`;
+before every call so each is cold. Each model-runner step is timed around `execute_model`
+(and its `sample_tokens` where the runner samples in a call of its own);
 the call's time outside its steps is planning, submission and output handling. PCD and the
 floor alternate call by call. `--operators` adds one more rep, torch-profiled and kept apart
 from the timings: the self time of the operators that dominate a CPU forward, per step, shows
@@ -28,38 +29,52 @@ from benchmarks.harness import provenance
 from vllm_pcd.models import default_model_path, fast_dtype
 
 OPERATORS = ("_C::onednn_mm", "_C::cpu_attention_with_kv_cache", "aten::copy_",
-             "_C::weight_packed_linear")
+             "_C::weight_packed_linear", "_C::cpu_attn_reshape_and_cache", "aten::_log_softmax")
 
 
 @contextlib.contextmanager
 def timed_steps(runner_cls: Any, operators: bool) -> Iterator[list[dict[str, Any]]]:
-    """Every `execute_model` of the runner while the block runs: requests, tokens, seconds
-    (and the operators' self milliseconds when asked)."""
+    """Every step of the runner while the block runs: requests, tokens, seconds (and the
+    operators' self milliseconds when asked). A step is its `execute_model` and, where the
+    runner samples in a call of its own (`sample_tokens`, vLLM 0.32), that call too."""
     import torch
 
     steps: list[dict[str, Any]] = []
-    stock = runner_cls.execute_model
+    stock = {name: getattr(runner_cls, name) for name in ("execute_model", "sample_tokens")
+             if hasattr(runner_cls, name)}
 
-    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                    if operators else contextlib.nullcontext())
-        start = time.perf_counter()
-        with profiler:
-            out = stock(self, scheduler_output, *args, **kwargs)
-        step = {"requests": len(scheduler_output.num_scheduled_tokens),
-                "tokens": scheduler_output.total_num_scheduled_tokens,
-                "s": time.perf_counter() - start}
-        if operators:
-            step["operators_ms"] = {e.key: e.self_cpu_time_total / 1e3
-                                    for e in profiler.key_averages() if e.key in OPERATORS}
-        steps.append(step)
-        return out
+    def timed(name: str) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                        if operators else contextlib.nullcontext())
+            start = time.perf_counter()
+            with profiler:
+                out = stock[name](self, *args, **kwargs)
+            seconds = time.perf_counter() - start
+            if name == "execute_model":
+                scheduled = args[0] if args else kwargs["scheduler_output"]
+                steps.append({"requests": len(scheduled.num_scheduled_tokens),
+                              "tokens": scheduled.total_num_scheduled_tokens, "s": 0.0,
+                              "operators_ms": {}})
+            if not steps:  # sampling for a step taken before the block began
+                return out
+            step = steps[-1]
+            step["s"] += seconds
+            if operators:
+                for e in profiler.key_averages():
+                    if e.key in OPERATORS:
+                        step["operators_ms"][e.key] = (step["operators_ms"].get(e.key, 0.0)
+                                                       + e.self_cpu_time_total / 1e3)
+            return out
+        return call
 
-    runner_cls.execute_model = execute_model
+    for name in stock:
+        setattr(runner_cls, name, timed(name))
     try:
         yield steps
     finally:
-        runner_cls.execute_model = stock
+        for name, method in stock.items():
+            setattr(runner_cls, name, method)
 
 
 def engine(model: str) -> Any:

@@ -25,3 +25,16 @@ def test_a_cold_call_is_a_context_step_then_one_branch_step(fp32_llm, model_path
     profiled = result["operators"]["pcd"]
     assert len(profiled) == 2 and all(step["operators_ms"] for step in profiled)
     assert "PCD / floor" in bench_steps.summary(result)
+
+
+def test_a_loaded_step_count_is_every_document_s_requests(fp32_llm, model_path):
+    from benchmarks import bench_loaded_steps
+
+    result = bench_loaded_steps.measure(fp32_llm, str(model_path), fields=3, docs=2, reps=1,
+                                        operators=True)
+    (pcd,), (floor,) = result["runs"]["pcd"], result["runs"]["floor"]
+    assert pcd["requests"] >= 2 * (1 + 3) and floor["requests"] >= 2  # a context and 3 branches
+    assert floor["steps"] <= pcd["steps"] and pcd["steps_s"] > 0
+    assert all(sum(result["operators_ms_per_doc"][name].values()) > 0
+               for name in ("pcd", "floor"))
+    assert "PCD / floor" in bench_loaded_steps.summary(result)
