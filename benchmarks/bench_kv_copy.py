@@ -7,10 +7,8 @@ For each model (its config gives layers, KV heads and head size) it builds KV ca
 attention's layout, bf16, and times one step's copies of `--branches` partial hits of one
 shared tail block (what a call of that many fields, or several calls, asks of one step):
 vLLM's `copy_kv_cache_blocks_inplace` (one fancy-indexed assignment per layer) and PCD's
-`internals.block_copy.copy_blocks` (one broadcast copy per run of consecutive destinations),
-and PCD's again onto scattered destinations (every other block: one copy a pair), in
-alternating order, median of `--reps`. Every copy must leave each destination equal to its
-source. Needs vLLM 0.32 (0.24 has no copy of its own).
+`internals.block_copy.copy_blocks` (one slice copy a pair), in alternating order, median of
+`--reps`. Both must leave identical caches. Needs vLLM 0.32 (0.24 has no copy of its own).
 
 `--engine`: the same two copies inside one in-process offline engine (bf16), end to end: PCD
 calls of `--fields` fields over `--docs` synthetic tickets at once (150-250 tokens, a fresh
@@ -55,33 +53,27 @@ def measure(model: str, branches: int, reps: int) -> dict[str, Any]:
 
     from vllm_pcd.internals.block_copy import copy_blocks
 
-    num_blocks = 2 * branches + 1
+    num_blocks = branches + 1
     caches = kv_caches(model, num_blocks)
-    # one shared tail, a private copy each: on consecutive blocks (as a call's branches
-    # mostly get them), and on every other block (no two consecutive: one copy a pair)
-    runs = [(0, 1 + i) for i in range(branches)]
-    scattered = [(0, 1 + 2 * i) for i in range(branches)]
-    copies = [KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for s, d in runs]
-    methods = {"vllm": (runs, lambda: copy_kv_cache_blocks_inplace(caches, num_blocks, copies)),
-               "pcd": (runs, lambda: copy_blocks(caches, num_blocks, runs)),
-               "pcd_scattered": (scattered, lambda: copy_blocks(caches, num_blocks, scattered))}
+    pairs = [(0, 1 + i) for i in range(branches)]  # one shared tail, a private copy each
+    copies = [KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for s, d in pairs]
+    methods = {"vllm": lambda: copy_kv_cache_blocks_inplace(caches, num_blocks, copies),
+               "pcd": lambda: copy_blocks(caches, num_blocks, pairs)}
     times: dict[str, list[float]] = {name: [] for name in methods}
     for rep in range(reps + 1):
         order = list(methods) if rep % 2 else list(reversed(methods))
         for name in order:
-            pairs, copy = methods[name]
             for cache in caches:
                 cache[1:].fill_(0)
-            seconds = timed(copy)
+            seconds = timed(methods[name])
             if rep:  # the first round warms up
                 times[name].append(seconds)
-            if not all(cache[t].equal(cache[s]) for cache in caches for s, t in pairs):
+            if not all(cache[1:].equal(cache[:1].expand_as(cache[1:])) for cache in caches):
                 raise AssertionError(f"{name}'s copy left a block unlike its source")
     median = {name: statistics.median(t) for name, t in times.items()}
     block_bytes = sum(c[0].numel() * c.element_size() for c in caches)
     return {"model": Path(model).name, "branches": branches, "block_mb": block_bytes / 2**20,
             "vllm_ms": median["vllm"] * 1e3, "pcd_ms": median["pcd"] * 1e3,
-            "pcd_scattered_ms": median["pcd_scattered"] * 1e3,
             "ratio": median["vllm"] / median["pcd"]}
 
 
@@ -150,10 +142,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(f"commit {provenance()['commit']}; bf16 caches, CPU attention layout, "
           f"{BLOCK_SIZE}-token blocks; median of {args.reps}, alternating order")
     print(f"{'model':<32} {'branches':>8} {'block MB':>8} {'vLLM ms':>8} {'PCD ms':>8} "
-          f"{'vLLM/PCD':>8} {'PCD ms, scattered':>17}")
+          f"{'vLLM/PCD':>8}")
     for r in rows:
         print(f"{r['model']:<32} {r['branches']:>8} {r['block_mb']:>8.2f} {r['vllm_ms']:>8.1f} "
-              f"{r['pcd_ms']:>8.1f} {r['ratio']:>7.2f}x {r['pcd_scattered_ms']:>17.1f}")
+              f"{r['pcd_ms']:>8.1f} {r['ratio']:>7.2f}x")
     return rows
 
 

@@ -71,21 +71,3 @@ def test_0_32_step_copies_are_made_by_pcd_after_the_bookkeeping():
     assert torch.equal(cache[4], old[1]) and output.kv_cache_block_copies is copies
     Runner()._update_states(SimpleNamespace(kv_cache_block_copies=None))
     assert seen[-1][0] is None and torch.equal(cache[4], old[1])
-
-
-def test_consecutive_destinations_of_one_source_are_one_run():
-    from vllm_pcd.internals.block_copy import runs
-
-    assert sorted(runs([(1, 5), (1, 3), (1, 4), (2, 0), (1, 7), (2, 9), (1, 1)])) == [
-        (1, 3, 3), (1, 7, 1), (2, 0, 1), (2, 9, 1)]  # (1, 1) copies nothing
-
-
-def test_runs_land_as_the_pairs_would():
-    cache = torch.randn(12, 3, 4, 8)
-    old = cache.clone()
-    pairs = [(0, 5), (0, 6), (0, 7), (2, 9), (0, 11), (2, 10), (3, 4)]
-    copy_blocks([cache], 12, pairs)
-    for source, target in pairs:
-        assert torch.equal(cache[target], old[source])
-    for untouched in (0, 1, 2, 3, 8):
-        assert torch.equal(cache[untouched], old[untouched])
