@@ -2,7 +2,7 @@
 same queries, side by side in vLLM's CPU attention kernel.
 
     python -m benchmarks.bench_branch_attention [--model PATH ...] [--heads 9/3 12/2 ...]
-        [--context 840] [--branches 32] [--query-lens 3 4 5 6 7 8] [--reps 30]
+        [--context 840] [--branches 32] [--query-lens 3 4 5 6 7 8] [--groups 1 8] [--cold]
 
 A call's branch step asks the kernel for `--branches` requests of a few query tokens each (a
 field's stem), every one over the same `--context` tokens of shared KV (full blocks shared,
@@ -78,31 +78,49 @@ def blocks_for(tokens: int) -> int:
 
 
 def measure(shape: tuple[int, int, int], dtype: Any, context: int, branches: int,
-            query_len: int, reps: int) -> dict[str, Any]:
-    """Median seconds of one layer's attention: the branches, and one request of the same
-    query positions over the same context, called alternately."""
-    shared = context // BLOCK_SIZE  # full blocks, shared; the tail is a private copy each
-    own = blocks_for(context + query_len) - shared
-    one = blocks_for(context + branches * query_len)
-    calls = {
-        "branches": kernel_call(shape, dtype, [
-            (query_len, context + query_len,
-             list(range(shared)) + [shared + b * own + k for k in range(own)])
-            for b in range(branches)], shared + branches * own),
-        "one_request": kernel_call(shape, dtype, [
-            (branches * query_len, context + branches * query_len, list(range(one)))], one),
-    }
+            query_len: int, reps: int, groups: int = 1, cold: bool = False) -> dict[str, Any]:
+    """Median seconds of one layer's attention, per call: `groups` calls' branches in one
+    step, and one request each of the same query positions over the same context, called
+    alternately. Each group's context differs in length, as documents do; `cold` evicts
+    the CPU caches before every call, as a step's other layers and requests would."""
+    branch_requests, one_requests, branch_blocks, one_blocks = [], [], 0, 0
+    for group in range(groups):
+        tokens = context + 37 * group
+        shared = tokens // BLOCK_SIZE  # full blocks, shared; the tail is a private copy each
+        own = blocks_for(tokens + query_len) - shared
+        branch_requests += [(query_len, tokens + query_len,
+                             [branch_blocks + k for k in range(shared)]
+                             + [branch_blocks + shared + b * own + k for k in range(own)])
+                            for b in range(branches)]
+        branch_blocks += shared + branches * own
+        one = blocks_for(tokens + branches * query_len)
+        one_requests.append((branches * query_len, tokens + branches * query_len,
+                             [one_blocks + k for k in range(one)]))
+        one_blocks += one
+    calls = {"branches": kernel_call(shape, dtype, branch_requests, branch_blocks),
+             "one_request": kernel_call(shape, dtype, one_requests, one_blocks)}
+    evict = evictor() if cold else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for rep in range(reps + 3):
         for name, call in calls.items():
+            evict()
             start = time.perf_counter()
             call()
-            if rep >= 3:  # the first calls warm the caches
+            if rep >= 3:  # the first calls warm up
                 times[name].append(time.perf_counter() - start)
-    branch_s, one_s = (statistics.median(times[n]) for n in ("branches", "one_request"))
+    branch_s, one_s = (statistics.median(times[n]) / groups for n in ("branches", "one_request"))
     return {"heads": f"{shape[0]}/{shape[1]}", "head_size": shape[2], "context": context,
-            "branches": branches, "query_len": query_len, "branches_ms": branch_s * 1e3,
-            "one_request_ms": one_s * 1e3, "ratio": branch_s / one_s}
+            "branches": branches, "query_len": query_len, "groups": groups, "cold": cold,
+            "branches_ms": branch_s * 1e3, "one_request_ms": one_s * 1e3,
+            "ratio": branch_s / one_s}
+
+
+def evictor() -> Callable[[], None]:
+    """Writing 64 MiB pushes a small KV working set out of the CPU's caches."""
+    import torch
+
+    junk = torch.zeros(64 * 2**20, dtype=torch.uint8)
+    return lambda: junk.add_(1)
 
 
 def main() -> None:
@@ -114,6 +132,9 @@ def main() -> None:
     parser.add_argument("--branches", type=int, default=32)
     parser.add_argument("--query-lens", type=int, nargs="+", default=[3, 4, 5, 6, 7, 8])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--groups", type=int, nargs="+", default=[1],
+                        help="calls whose branches share one step")
+    parser.add_argument("--cold", action="store_true", help="evict the caches before each call")
     args = parser.parse_args()
 
     import torch
@@ -127,16 +148,20 @@ def main() -> None:
               ([] if args.heads else [str(default_model_path())])]
     shapes += [("-", (*map(int, h.split("/")), 64)) for h in args.heads]
     print(json.dumps(provenance()))
-    print(f"dtype {dtype}; one layer's attention, median of {args.reps}; "
-          f"context {args.context}, {args.branches} branches")
-    print("| model | heads | query tokens a branch | branches ms | one request ms | ratio |")
-    print("|---|---|---|---|---|---|")
+    caches = "cold" if args.cold else "warm"
+    print(f"dtype {dtype}; one layer's attention a call, median of {args.reps}; context "
+          f"{args.context}, {args.branches} branches a call; caches {caches}")
+    print("| model | heads | calls in the step | query tokens a branch | branches ms "
+          "| one request ms | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for name, shape in shapes:
-        for query_len in args.query_lens:
-            row = measure(shape, dtype, args.context, args.branches, query_len, args.reps)
-            print(f"| {name} | {row['heads']} | {query_len} | "
-                  f"{row['branches_ms']:.3f} | {row['one_request_ms']:.3f} | "
-                  f"×{row['ratio']:.2f} |", flush=True)
+        for groups in args.groups:
+            for query_len in args.query_lens:
+                row = measure(shape, dtype, args.context, args.branches, query_len, args.reps,
+                              groups, args.cold)
+                print(f"| {name} | {row['heads']} | {groups} | {query_len} | "
+                      f"{row['branches_ms']:.3f} | {row['one_request_ms']:.3f} | "
+                      f"×{row['ratio']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 steps (the shared context, then every branch in one), the floor one, and the profiled rep is
 kept apart from the timings. No time is asserted."""
 
+import pytest
+
 from benchmarks import bench_steps
 
 
@@ -38,3 +40,14 @@ def test_a_loaded_step_count_is_every_document_s_requests(fp32_llm, model_path):
     assert all(sum(result["operators_ms_per_doc"][name].values()) > 0
                for name in ("pcd", "floor"))
     assert "PCD / floor" in bench_loaded_steps.summary(result)
+
+
+def test_the_attention_benchmark_times_both_shapes_of_the_same_queries():
+    import torch
+
+    from benchmarks import bench_branch_attention
+
+    row = bench_branch_attention.measure((9, 3, 64), torch.float32, context=200, branches=4,
+                                         query_len=3, reps=2, groups=2, cold=True)
+    assert row["branches_ms"] > 0 and row["one_request_ms"] > 0
+    assert row["ratio"] == pytest.approx(row["branches_ms"] / row["one_request_ms"])
