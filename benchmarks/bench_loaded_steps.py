@@ -17,16 +17,12 @@ branch costs the worker beyond the tokens it computes (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.bench_steps import OPERATORS, engine, timed_steps
-from benchmarks.harness import provenance
-from vllm_pcd.models import default_model_path
+from benchmarks.bench_steps import OPERATORS, run_fields, step_parser, timed_steps
 
 
 def tickets(tokenizer: Any, docs: int, seed: int) -> list[str]:
@@ -106,25 +102,13 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_loaded_steps",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(default_model_path()))
-    parser.add_argument("--fields", type=int, nargs="+", default=[32])
+    parser = step_parser("python -m benchmarks.bench_loaded_steps", __doc__, [32], 3,
+                         "loaded_steps.json",
+                         "one more torch-profiled rep of each method (slower, kept apart)")
     parser.add_argument("--docs", type=int, default=32)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--operators", action="store_true",
-                        help="one more torch-profiled rep of each method (slower, kept apart)")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "loaded_steps.json")
     args = parser.parse_args(argv)
-    llm = engine(args.model)
-    results = [measure(llm, args.model, n, args.docs, args.reps, args.operators)
-               for n in args.fields]
-    for result in results:
-        print(summary(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**provenance(), "results": results}, indent=1))
-    return results
+    return run_fields(args, lambda llm, n: measure(llm, args.model, n, args.docs, args.reps,
+                                                   args.operators), summary)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from benchmarks.harness import provenance
 from vllm_pcd.models import default_model_path, fast_dtype
@@ -144,26 +144,37 @@ def summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_steps",
-                                     description=__doc__.split("\n\n")[0])
+def step_parser(prog: str, doc: str, fields: list[int], reps: int, out: str,
+                operators_help: str) -> argparse.ArgumentParser:
+    """The arguments the step benchmarks share: model, fields, reps, operators, out."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()))
-    parser.add_argument("--fields", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--context", type=int, default=100, help="approximate ticket tokens")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--operators", action="store_true",
-                        help="torch-profile the last rep's steps (slows that rep)")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "steps.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--fields", type=int, nargs="+", default=fields)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--operators", action="store_true", help=operators_help)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / out)
+    return parser
+
+
+def run_fields(args: argparse.Namespace, measure_fields: Callable[[Any, int], dict[str, Any]],
+               summarize: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+    """One engine, one measurement per field count: printed, and saved with provenance."""
     llm = engine(args.model)
-    results = [measure(llm, args.model, n, args.context, args.reps, args.operators)
-               for n in args.fields]
+    results = [measure_fields(llm, n) for n in args.fields]
     for result in results:
-        print(summary(result))
+        print(summarize(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**provenance(), "results": results}, indent=1))
     return results
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = step_parser("python -m benchmarks.bench_steps", __doc__, [8, 32], 5, "steps.json",
+                         "torch-profile the last rep's steps (slows that rep)")
+    parser.add_argument("--context", type=int, default=100, help="approximate ticket tokens")
+    args = parser.parse_args(argv)
+    return run_fields(args, lambda llm, n: measure(llm, args.model, n, args.context, args.reps,
+                                                   args.operators), summary)
 
 
 if __name__ == "__main__":

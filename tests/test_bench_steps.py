@@ -1,6 +1,7 @@
-"""`benchmarks.bench_steps` on the suite's in-process engine: a cold PCD call is two engine
-steps (the shared context, then every branch in one), the floor one, and the profiled rep is
-kept apart from the timings. No time is asserted."""
+"""The step benchmarks on the suite's in-process engine: a cold PCD call is two engine steps
+(the shared context, then every branch in one), the floor one, and the profiled rep is kept
+apart from the timings; a loaded run schedules every document's requests; the attention
+benchmark runs the kernel on both shapes of the same queries. No time is asserted."""
 
 import pytest
 
