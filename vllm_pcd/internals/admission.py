@@ -34,13 +34,6 @@ GROUP_WAIT_S = 2.0
 IDLE_POLL_S = 0.005  # a step that has only held requests sleeps this long instead of spinning
 
 
-def _group_of(request: Any) -> tuple[str, int] | None:
-    tags = tags_of(request)
-    if tags is None or tags.group is None:
-        return None
-    return tags.group, tags.group_size
-
-
 class Pending:
     """Groups held at admission: group id → (first arrival, members); and gates: a gate's
     name → its context request's id and when that request was seen finished (None while it
@@ -133,14 +126,12 @@ def patch_scheduler(scheduler_cls: Any, paused_all: Any = None) -> None:
         tags = tags_of(request)
         if tags is not None and tags.opens is not None:
             held.gates[tags.opens] = (request.request_id, None)
-        tag = _group_of(request)
-        if tag is None or request.request_id in self.requests:
+        if tags is None or tags.group is None or request.request_id in self.requests:
             return add_request(self, request)
-        group, _ = tag
-        _, members = held.groups.setdefault(group, (time.monotonic(), []))
+        _, members = held.groups.setdefault(tags.group, (time.monotonic(), []))
         members.append(request)
-        if held.ready(group):
-            release(self, group)
+        if held.ready(tags.group):
+            release(self, tags.group)
 
     @functools.wraps(schedule)
     def schedule_releasing(self: Any, *args: Any, **kwargs: Any) -> Any:
