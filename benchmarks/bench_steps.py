@@ -145,13 +145,15 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def step_parser(prog: str, doc: str, fields: list[int], reps: int, out: str,
-                operators_help: str) -> argparse.ArgumentParser:
-    """The arguments the step benchmarks share: model, fields, reps, operators, out."""
+                operators_help: str | None = None) -> argparse.ArgumentParser:
+    """The arguments the in-process engine benchmarks share: model, fields, reps, out, and
+    operators where `operators_help` says what it does."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--fields", type=int, nargs="+", default=fields)
     parser.add_argument("--reps", type=int, default=reps)
-    parser.add_argument("--operators", action="store_true", help=operators_help)
+    if operators_help:
+        parser.add_argument("--operators", action="store_true", help=operators_help)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / out)
     return parser
 

@@ -182,6 +182,21 @@ def _execution(plan: Plan, prefill: Any, outputs: Sequence[Any], start: float, m
                      end - mid)
 
 
+# The share of the KV cache one batch of offline documents may claim; the rest absorbs what
+# `Plan.kv_blocks` leaves out (a content-free prior's requests) and any other caller's.
+KV_SHARE = 0.9
+
+
+def kv_room(llm: Any) -> tuple[int, int] | None:
+    """(blocks a batch of documents may claim, block size) on a `vllm.LLM`, or None where
+    its engine has not said how many blocks it holds."""
+    cache = llm.llm_engine.vllm_config.cache_config
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    if not blocks:
+        return None
+    return int((blocks - 1) * KV_SHARE), cache.block_size  # less the null block
+
+
 def run_offline(llm: Any, plans: Sequence[Plan], *, branches_per_batch: int,
                 cache_salt: str | None = None) -> list[Execution]:
     """Blocking execution of many plans on a `vllm.LLM`: every shared context in one

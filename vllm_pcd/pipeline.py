@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from vllm.logger import init_logger
 
@@ -27,7 +28,7 @@ from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
-from vllm_pcd.engine import run_offline, run_online
+from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 
 logger = init_logger("vllm.pcd")
@@ -110,7 +111,8 @@ class Planner:
 PLANNER = Planner()
 
 Conversation = str | list[dict[str, Any]]
-# Documents submitted to the engine together by the batch API; more wait for the next call.
+# Documents submitted to the engine together by the batch API at most (fewer where the KV
+# cache holds fewer); more wait for the next batch.
 DOCUMENTS_PER_CALL = 256
 
 
@@ -126,14 +128,61 @@ def _is_many(documents: Any) -> bool:
         and all(isinstance(d, (str, list, tuple)) for d in documents)
 
 
+def batches(documents: Sequence[Conversation], plan_of: Callable[[Any], Plan],
+            room: tuple[int, int] | None, fields: int
+            ) -> Iterator[tuple[list[Conversation], list[Plan], float]]:
+    """The documents in the batches submitted together, each with its plans and planning
+    time per document: up to DOCUMENTS_PER_CALL, and no more than `room` (KV blocks, block
+    size; None: unknown) holds at once, later rounds of conditioned fields included. Past
+    that, the engine evicts cached contexts whose branches have not run yet, and they are
+    computed again (×2 the tokens at 256 documents of 32 fields in a 2 GiB cache)."""
+    docs: list[Conversation] = []
+    plans: list[Plan] = []
+    used, plan_s = 0, 0.0
+    for doc in documents:
+        start = time.perf_counter()
+        plan = plan_of(as_messages(doc))
+        planned = time.perf_counter() - start
+        need = _blocks(plan, plans[0] if plans else None, room, fields)
+        if plans and (len(plans) == DOCUMENTS_PER_CALL
+                      or (room is not None and used + need > room[0])):
+            yield docs, plans, plan_s / len(plans)
+            docs, plans, used, plan_s = [], [], 0, 0.0
+            need = _blocks(plan, None, room, fields)
+        docs.append(doc)
+        plans.append(plan)
+        used += need
+        plan_s += planned
+    if plans:
+        yield docs, plans, plan_s / len(plans)
+
+
+def _blocks(plan: Plan, first: Plan | None, room: tuple[int, int] | None, fields: int) -> int:
+    """A document's KV blocks beside the batch's `first`, whose leading context blocks it
+    shares (a schema-first layout's field list); a conditioned call's later rounds are
+    counted at its first round's blocks per field."""
+    if room is None:
+        return 0
+    size = room[1]
+    held = 0
+    if first is not None:
+        held = next((i for i, (a, b) in enumerate(zip(first.shared_ids, plan.shared_ids))
+                     if a != b), min(len(first.shared_ids), len(plan.shared_ids)))
+    context, requests = plan.kv_blocks(size, held)
+    later = 0
+    if plan.leaves and plan.fields:
+        later = math.ceil(requests * (fields - len(plan.fields)) / len(plan.fields))
+    return context + requests + later
+
+
 def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                 schema: dict[str, Any], options: Options | None = None, *,
                 limits: Limits = Limits(), cache_salt: str | None = None,
                 template_kwargs: dict[str, Any] | None = None,
                 **option_values: Any) -> PCDResult | list[PCDResult]:
     """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD; given a list of
-    them, answer each, submitting up to DOCUMENTS_PER_CALL documents to the engine at once so
-    vLLM batches them. The options (`core.options.Options`) come whole or as keywords
+    them, answer each, submitting as many documents at once as the KV cache holds (`batches`)
+    so vLLM batches them. The options (`core.options.Options`) come whole or as keywords
     (`mode="sequence"`); the content-free prior is computed alongside the first documents
     that need it and cached."""
     if not internals.active():
@@ -154,13 +203,10 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
 
     results = []
     todo = list(documents) if many else [documents]
-    for at in range(0, len(todo), DOCUMENTS_PER_CALL):
-        start = time.perf_counter()
-        plans = [plan_of(as_messages(doc)) for doc in todo[at:at + DOCUMENTS_PER_CALL]]
-        plan_s = (time.perf_counter() - start) / len(plans)
+    for docs, plans, plan_s in batches(todo, plan_of, kv_room(llm), len(spec.fields)):
         # One prior per distinct content-free conversation (the documents' system turns).
         empties = [json.dumps(content_free_messages(as_messages(doc)), sort_keys=True)
-                   for doc in todo[at:at + len(plans)]]
+                   for doc in docs]
         priors: dict[str, PendingPrior] = {}
         if options.calibration == "content_free":
             priors = {text: PRIORS.pending(plan_of(json.loads(text)), options.normalization,
@@ -173,7 +219,6 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
         calls = [[Round.scored(p, ex, options)]
                  for p, ex in zip(plans, executions)]
-        docs = todo[at:at + len(plans)]
         # A conditioned round of every document that has one, submitted together.
         while todo_now := [(k, call) for k, call in enumerate(calls) if call[-1].plan.leaves]:
             start = time.perf_counter()

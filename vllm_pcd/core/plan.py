@@ -130,6 +130,19 @@ class Plan:
                      for j in range(len(s.suffix_ids)) if shared + j + 1 > cover}
         return max(0, shared - covered[0]) + len(positions)
 
+    def kv_blocks(self, block_size: int, held: int = 0) -> tuple[int, int]:
+        """KV blocks the engine allocates to run this plan when its first `held` tokens are
+        already cached: (the shared context's past those, its requests'). A request claims
+        the blocks from the last whole one it forks (a forked tail block is copied, not
+        shared); an upper bound, as a chained trie node forks its parent's longer prompt."""
+        def blocks(tokens: int) -> int:
+            return -(-tokens // block_size)
+
+        shared = len(self.shared_ids)
+        context = max(0, blocks(shared) - held // block_size) if self.context else 0
+        forked = (shared if self.context else 0) // block_size
+        return context, sum(blocks(shared + len(s.suffix_ids)) - forked for s in self.scorings)
+
 
 def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[Scoring, ...]:
     """The engine requests of `fields`. A token-mode field scored by one request may use the
