@@ -165,7 +165,9 @@ def test_a_megabyte_body_is_refused_at_once_and_stalls_no_one(http):
 def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
     """`vllm run-batch` (vLLM's OpenAI batch runner) with the plugin: each chat line with a
     pcd_schema gets PCD's object and diagnostics, and so does a guided choice (the batch opts in,
-    as a server does); a plain line gets vLLM's free text."""
+    as a server does); a plain line gets vLLM's free text. The runner submits every line at
+    once: with room to plan one call at a time, the others wait their turn (a server would
+    answer them 429, and a batch has nobody to retry)."""
     lines = [{"custom_id": f"pcd-{k}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": str(model_path), "messages": [{"role": "user", "content": text}],
                        "chat_template_kwargs": {"pcd_schema": SUPPORT_SCHEMA}}}
@@ -189,7 +191,8 @@ def test_run_batch_answers_every_pcd_line(model_path, tmp_path):
     run = subprocess.run([vllm_command(), "run-batch", "-i", str(source), "-o", str(sink),
                           "--model", str(model_path), "--max-model-len", "4096",
                           "--dtype", fast_dtype(),
-                          "--additional-config", json.dumps({"pcd": PCD_CONFIG})],
+                          "--additional-config", json.dumps(
+                              {"pcd": {**PCD_CONFIG, "limits": {"max_queued_plans": 1}}})],
                          env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]

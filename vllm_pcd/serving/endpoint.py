@@ -70,7 +70,8 @@ class PCDEndpointPlugin:
         if not isinstance(structured, bool):
             raise ValueError("additional_config.pcd.structured_outputs must be true or false")
         state.pcd = PCDService(engine_client, state, limits, structured_outputs=structured,
-                               reasoning=bool(getattr(args, "reasoning_parser", None)))
+                               reasoning=bool(getattr(args, "reasoning_parser", None)),
+                               queue_calls=_batch_runner(args))
         handler.install_chat_hook(functools.partial(chat.answer_chat, state.pcd))
         handler.install_responses_hook(functools.partial(responses.answer_responses, state.pcd))
         if state.pcd.unavailable is not None:
@@ -78,6 +79,12 @@ class PCDEndpointPlugin:
             return
         await _warm_up(state.pcd)
         logger.info("vllm-pcd ready on vLLM's chat handler (limits: %s)", limits)
+
+
+def _batch_runner(args: Namespace) -> bool:
+    """Whether this is `vllm run-batch`: the only entry point with an input file (it calls the
+    API server's `init_app_state` itself, so only its command line tells)."""
+    return getattr(args, "input_file", None) is not None
 
 
 def _pcd_config(args: Namespace) -> dict[str, Any]:

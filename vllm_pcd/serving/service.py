@@ -8,6 +8,7 @@ status it deserves (`errors`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import time
@@ -76,7 +77,8 @@ class PCDService:
     its own template)."""
 
     def __init__(self, engine: Any, state: Any, limits: Limits, *,
-                 structured_outputs: bool = False, reasoning: bool = False):
+                 structured_outputs: bool = False, reasoning: bool = False,
+                 queue_calls: bool = False):
         self.engine = engine
         self.state = state
         self.limits = limits
@@ -91,6 +93,10 @@ class PCDService:
         self.engines = (parallel.data_parallel_size_local if parallel.local_engines_only
                         else parallel.data_parallel_size)
         self._next_engine = itertools.count()
+        # `vllm run-batch` submits every line at once and nobody retries a 429: there a call
+        # waits its turn, at most `max_queued_plans` at once (so planning never overflows),
+        # and its time bound starts with its turn.
+        self.turns = asyncio.Semaphore(limits.max_queued_plans) if queue_calls else None
 
     @property
     def serving_chat(self) -> Any:
@@ -159,33 +165,34 @@ class PCDService:
                   ) -> PCDResult | ErrorAnswer:
         """The PCD call every route makes, bounded by `limits.max_request_seconds`: its result,
         or the error to answer (4xx for what the request caused, 504, 500 for our faults)."""
-        start = time.perf_counter()
-        bound = self.limits.max_request_seconds
-        call = Call(template_kwargs, chat_template, request_id, cache_salt,
-                    self.data_parallel_rank())
-        try:
-            check_conversation(messages, self.limits)  # before it waits for the planner
-            async with asyncio.timeout(bound):
-                result = await answer_online(self.online(), spec, messages, options, call)
-        except SchemaError as err:  # limits that depend on the tokenized prompt
-            return ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err), err.param)
-        except Overloaded as err:
-            return ErrorAnswer(HTTPStatus.TOO_MANY_REQUESTS, str(err),
-                               kind="TooManyRequestsError")
-        except TimeoutError:
-            logger.warning("PCD request %s aborted after its %d s bound", request_id, bound)
-            return ErrorAnswer(HTTPStatus.GATEWAY_TIMEOUT,
-                               f"PCD request did not finish within {bound} s "
-                               "(limits.max_request_seconds); its engine work was aborted",
-                               kind="TimeoutError")
-        except Exception as err:
-            if (refused := client_fault(err)) is not None:
-                return refused
-            logger.exception("PCD request %s failed", request_id)  # fails this request only
-            return ErrorAnswer(HTTPStatus.INTERNAL_SERVER_ERROR, fault_message(err, request_id),
-                               kind="InternalServerError")
-        diagnostics = result.diagnostics()
-        metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
-                              diagnostics["tokens"]["computed"], time.perf_counter() - start,
-                              diagnostics["projection"])
-        return result
+        async with self.turns or contextlib.nullcontext():
+            start = time.perf_counter()
+            bound = self.limits.max_request_seconds
+            call = Call(template_kwargs, chat_template, request_id, cache_salt,
+                        self.data_parallel_rank())
+            try:
+                check_conversation(messages, self.limits)  # before it waits for the planner
+                async with asyncio.timeout(bound):
+                    result = await answer_online(self.online(), spec, messages, options, call)
+            except SchemaError as err:  # limits that depend on the tokenized prompt
+                return ErrorAnswer(HTTPStatus.BAD_REQUEST, str(err), err.param)
+            except Overloaded as err:
+                return ErrorAnswer(HTTPStatus.TOO_MANY_REQUESTS, str(err),
+                                   kind="TooManyRequestsError")
+            except TimeoutError:
+                logger.warning("PCD request %s aborted after its %d s bound", request_id, bound)
+                return ErrorAnswer(HTTPStatus.GATEWAY_TIMEOUT,
+                                   f"PCD request did not finish within {bound} s "
+                                   "(limits.max_request_seconds); its engine work was aborted",
+                                   kind="TimeoutError")
+            except Exception as err:
+                if (refused := client_fault(err)) is not None:
+                    return refused
+                logger.exception("PCD request %s failed", request_id)  # this request only
+                return ErrorAnswer(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                   fault_message(err, request_id), kind="InternalServerError")
+            diagnostics = result.diagnostics()
+            metrics.record_answer(mode_label, len(spec.fields), spec.total_candidates,
+                                  diagnostics["tokens"]["computed"], time.perf_counter() - start,
+                                  diagnostics["projection"])
+            return result
