@@ -28,6 +28,7 @@ from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
+from vllm_pcd.core.sequence import common_prefix
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 
@@ -164,10 +165,7 @@ def _blocks(plan: Plan, first: Plan | None, room: tuple[int, int] | None, fields
     if room is None:
         return 0
     size = room[1]
-    held = 0
-    if first is not None:
-        held = next((i for i, (a, b) in enumerate(zip(first.shared_ids, plan.shared_ids))
-                     if a != b), min(len(first.shared_ids), len(plan.shared_ids)))
+    held = 0 if first is None else common_prefix(first.shared_ids, plan.shared_ids)
     context, requests = plan.kv_blocks(size, held)
     later = 0
     if plan.leaves and plan.fields:
