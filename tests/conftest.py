@@ -67,8 +67,9 @@ def fp32_llm(model_path):
     os.environ.setdefault("VLLM_PLUGINS", "pcd")  # PCD's engine patches are only applied when asked
     from vllm import LLM
 
+    # max_logprobs=-1 lets a neighbour ask for the full vocabulary (`test_neighbours.py`).
     llm = LLM(str(model_path), dtype="float32", enable_prefix_caching=True,
-              disable_log_stats=False, max_model_len=4096, seed=0)
+              disable_log_stats=False, max_model_len=4096, seed=0, max_logprobs=-1)
     yield llm
     del llm
 

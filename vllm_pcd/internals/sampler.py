@@ -7,8 +7,9 @@ returns the exact-id gather for the whole batch: a neighbour that asked for `log
 is merged row by row with vLLM's own top-k gather, so rows that asked for exact ids get
 them and every other row gets what the stock sampler gives it alone. The output processor
 reads each row's first `1 + num_logprobs` columns, so the wider merged tensor changes
-nothing for either kind. A step without exact ids, or with full-vocabulary log-probabilities
-(`logprobs=-1`), is left to vLLM as it is.
+nothing for either kind. A row that asked for the whole vocabulary (`logprobs=-1`) gets all
+of it, sorted, as vLLM's own top-k gives it where the engine states that as the vocabulary's
+size (both supported versions do). A step without exact ids is left to vLLM as it is.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def patch_sampler(sampler_cls: Any) -> None:
         exact = gather_exact(self, logprobs, logprob_token_ids, sampled)
         metadata = _METADATA.get()
         top = getattr(metadata, "max_num_logprobs", None)
-        if exact is None or top is None or top < 0:
+        if exact is None or top is None:
             return exact
+        if top < 0:  # the whole vocabulary
+            top = logprobs.shape[-1]
         top_k = self.gather_logprobs(logprobs, top, token_ids=sampled)
         return merged_rows(exact, top_k, sorted(logprob_token_ids))
 
