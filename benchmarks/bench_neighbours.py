@@ -89,6 +89,7 @@ async def arm(client: Client, tasks: list[Any], row: str, args: argparse.Namespa
     return {"ttft_s": median([c[0] for c in timed]), "tpot_s": median([c[1] for c in timed]),
             "tpot_p90_s": percentile([c[1] for c in timed], 90),
             "neighbour_calls": len(timed),
+            "load_answered": len(done),
             "load_docs_per_s": sum(start <= t <= end for t in done) / (end - start),
             "load_failures": len(failures), "first_failure": failures[0] if failures else None}
 

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from benchmarks import bench_latency, bench_refusals, bench_throughput, evaluate
+from benchmarks import (bench_latency, bench_neighbours, bench_refusals, bench_throughput,
+                        evaluate)
 from benchmarks.client import Client, load_tokenizer, make_task
 from benchmarks.methods import run_method
 from tests.conftest import API_KEY
@@ -109,3 +110,17 @@ def test_quick_refusal_benchmark(url, tmp_path):
     results = bench_refusals.main(["--quick", "--url", url, "--out", str(tmp_path / "r")])
     assert len(results["samples"]["loaded"]) == len(results["samples"]["idle"]) == 6
     assert results["oversized_sent"] > 0 and (tmp_path / "r.json").exists()
+
+
+def test_quick_neighbour_benchmark(url, model_path, tmp_path):
+    """Every arm times all of the neighbour's calls, and each load arm answered documents
+    without a failure while it did."""
+    results = bench_neighbours.main(["--quick", "--url", url, "--model", str(model_path),
+                                     "--out", str(tmp_path / "n")])
+    (cell,) = results["cells"]
+    assert list(cell["runs"]) == [bench_neighbours.ALONE, *bench_neighbours.ROWS]
+    for name, (run,) in cell["runs"].items():
+        assert run["neighbour_calls"] == 3 and run["ttft_s"] > 0 and run["tpot_s"] > 0, name
+        assert run["load_failures"] == 0, run["first_failure"]
+        assert (run["load_answered"] > 0) == (name != bench_neighbours.ALONE), name
+    assert (tmp_path / "n.json").exists() and (tmp_path / "n.png").exists()
