@@ -10,6 +10,8 @@ another, while `--load-clients` clients send the documents by one method, under 
 run (a tenant whose field list is cached). The neighbour's time to first token (TTFT) and time
 per output token after it (TPOT) are what it feels; the load's documents/s say what the load
 got done meanwhile. Arms (no load, then each row) alternate on one server, `--reps` times.
+No call finds its document cached: when the load has sent all `--docs` documents, it goes on
+under a new salt (its next calls prefill the field list again).
 
 The floor's row sends each document's PCD context as an ordinary one-token request: the least
 any method must prefill. A row that slows the neighbour more than the floor does takes more
@@ -20,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
@@ -56,20 +57,29 @@ async def neighbour_call(client: Client, tokens: int) -> tuple[float, float] | N
     return stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
+def salted(tasks: list[Any]) -> Iterator[tuple[str, Any]]:
+    """(salt, task): the tasks round and round, each round under a new salt, so no call finds
+    its document cached."""
+    while tasks:
+        salt = f"neighbours-{uuid.uuid4().hex}"
+        for task in tasks:
+            yield salt, task
+
+
 async def arm(client: Client, tasks: list[Any], row: str, args: argparse.Namespace
               ) -> dict[str, Any]:
     """The neighbour's calls while `--load-clients` clients send `tasks` by `row`'s method
     (none for ALONE); the load starts first and is warm when the neighbour begins."""
     method = row.split("@")[0]
-    salt = f"neighbours-{uuid.uuid4().hex}"
     stop = asyncio.Event()
     done: list[float] = []  # completion times of load calls that answered
     failures: list[str] = []
-    cycle = itertools.cycle(tasks)
+    calls = salted(tasks)
 
     async def load() -> None:
         while not stop.is_set():
-            outcome = await run_method(method, client, next(cycle), salt)
+            salt, task = next(calls)
+            outcome = await run_method(method, client, task, salt)
             if outcome.ok:
                 done.append(time.perf_counter())
             else:
@@ -80,12 +90,12 @@ async def arm(client: Client, tasks: list[Any], row: str, args: argparse.Namespa
     while workers and not done and not failures:  # the load's first answer: schema cached
         await asyncio.sleep(0.05)
     start = time.perf_counter()
-    calls = [await neighbour_call(client, args.neighbour_tokens)
-             for _ in range(args.neighbour_calls)]
+    timings = [await neighbour_call(client, args.neighbour_tokens)
+               for _ in range(args.neighbour_calls)]
     end = time.perf_counter()
     stop.set()
     await asyncio.gather(*workers)
-    timed = [c for c in calls if c is not None]
+    timed = [c for c in timings if c is not None]
     return {"ttft_s": median([c[0] for c in timed]), "tpot_s": median([c[1] for c in timed]),
             "tpot_p90_s": percentile([c[1] for c in timed], 90),
             "neighbour_calls": len(timed),
@@ -179,7 +189,7 @@ def plot(results: dict[str, Any], path: Any) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = server_parser("neighbours", __doc__, "3 fields, 2 load clients, 3 calls, 1 rep")
-    parser.add_argument("--docs", type=int, default=32)
+    parser.add_argument("--docs", type=int, default=512)
     parser.add_argument("--fields", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--load-clients", type=int, default=8)
     parser.add_argument("--neighbour-calls", type=int, default=10)
