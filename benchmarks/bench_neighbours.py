@@ -32,7 +32,8 @@ from tqdm import tqdm
 from benchmarks.bench_latency import RESULTS, synthetic_schema
 from benchmarks.bench_throughput import documents
 from benchmarks.client import Client, load_tokenizer, make_task
-from benchmarks.harness import provenance, publish, run_on_server, save_figure, server_parser
+from benchmarks.harness import (measure_and_publish, panel_row, provenance, save_figure,
+                                server_parser)
 from benchmarks.methods import run_method
 from benchmarks.metrics import median, percentile
 
@@ -170,14 +171,9 @@ def table(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Any) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = results["cells"]
-    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
-    for ax, cell in zip(axes[0], cells):
+    fig, axes = panel_row(len(cells))
+    for ax, cell in zip(axes, cells):
         names = list(cell["runs"])
         ax.bar(names, [1000 * (_pooled(cell["runs"][n], "tpot_s") or 0) for n in names])
         ax.set(title=f"{cell['fields']} fields", ylabel="neighbour ms per output token")
@@ -206,10 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    results = run_on_server(args, run)
-    publish(args.out, results, lambda path: plot(results, path), table)
-    return results
+    return measure_and_publish(parse_args(argv), run, plot, table)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
-from benchmarks.harness import provenance, publish, run_on_server, save_figure, server_parser
+from benchmarks.harness import (measure_and_publish, panel_row, provenance, save_figure,
+                                server_parser)
 from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task
 from benchmarks.methods import run_method
 from benchmarks.metrics import is_schema_valid, median
@@ -150,14 +151,9 @@ def table(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fields = sorted({c["fields"] for c in results["cells"]})
-    fig, axes = plt.subplots(1, len(fields), figsize=(5 * len(fields), 4), squeeze=False)
-    for ax, n in zip(axes[0], fields):
+    fig, axes = panel_row(len(fields))
+    for ax, n in zip(axes, fields):
         mine = [c for c in results["cells"] if c["fields"] == n]
         for name in mine[0]["rows"]:
             points = [(c["concurrency"], c["rows"][name]["docs_per_s"]) for c in mine
@@ -168,7 +164,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                xscale="log", yscale="log")
         ax.set_xticks([c["concurrency"] for c in mine], [str(c["concurrency"]) for c in mine])
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     fig.suptitle(f"vllm-pcd throughput, higher is better\n{results['serving']}", fontsize=9)
     save_figure(fig, path)
 
@@ -190,10 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    results = run_on_server(args, run)
-    publish(args.out, results, lambda path: plot(results, path), table)
-    return results
+    return measure_and_publish(parse_args(argv), run, plot, table)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,17 @@ def provenance() -> dict[str, Any]:
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
+def panel_row(count: int) -> tuple[Any, Any]:
+    """A headless figure of `count` panels side by side: (figure, its row of axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, count, figsize=(5 * count, 4), squeeze=False)
+    return fig, axes[0]
+
+
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
     import matplotlib.pyplot as plt
 
@@ -73,6 +84,15 @@ def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, 
     print(serving, file=sys.stderr)
     with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
         return asyncio.run(run(args, url, serving))
+
+
+def measure_and_publish(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, Any]]],
+                        plot: Callable[[dict[str, Any], Path], None],
+                        table: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """A server benchmark's whole run: measure on its server, then publish beside `args.out`."""
+    results = run_on_server(args, run)
+    publish(args.out, results, lambda path: plot(results, path), table)
+    return results
 
 
 @contextlib.contextmanager
