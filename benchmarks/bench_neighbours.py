@@ -118,9 +118,9 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
                   unit="arm", file=sys.stderr) as bar:
             for n_fields in args.fields:
                 schema = synthetic_schema(n_fields)
-                by_layout = {row.split("@")[1]: [
-                    make_task(tokenizer, schema, [{"role": "user", "content": d}],
-                              row.split("@")[1]) for d in docs] for row in args.rows}
+                by_layout = {layout: [
+                    make_task(tokenizer, schema, [{"role": "user", "content": d}], layout)
+                    for d in docs] for layout in {row.split("@")[1] for row in args.rows}}
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
                 for _ in range(args.reps):
                     for name in arms:
