@@ -64,10 +64,16 @@ def test_the_worker_reads_allowed_ids_by_shape():
 
 
 class FakeScheduler:
-    """The slice of vLLM's Scheduler the admission patch wraps."""
+    """The slice of vLLM's Scheduler the admission patch wraps; requests scheduled finish in
+    their step, except those a test puts in `running`."""
+
+    max_num_running_reqs = 128
 
     def __init__(self):
-        self.requests, self.waiting, self.finished = {}, [], []
+        self.requests, self.waiting, self.finished, self.running = {}, [], [], []
+
+    def get_request_counts(self):
+        return len(self.running), len(self.waiting)
 
     def add_request(self, request):
         self.requests[request.request_id] = request
@@ -141,6 +147,47 @@ def test_a_split_group_is_released_by_the_step_alone(scheduler_cls, monkeypatch)
     time.sleep(0.06)
     assert sched.schedule() == ["c"]
     assert not admission.pending(sched).groups
+
+
+def whole_group(sched, group, size):
+    for i in range(size):
+        sched.add_request(request(f"{group}{i}", group, size))
+
+
+def test_groups_enter_only_into_free_slots(scheduler_cls):
+    """A held group enters when its members fit beside what runs and waits, so a request that
+    arrived meanwhile keeps its place in the step; a later group never overtakes a waiting
+    one."""
+    scheduler_cls.max_num_running_reqs = 4
+    sched = scheduler_cls()
+    whole_group(sched, "g", 3)
+    whole_group(sched, "h", 2)
+    whole_group(sched, "k", 1)
+    sched.add_request(request("p"))
+    assert sched.schedule() == ["p", "g0", "g1", "g2"]  # h (2) does not fit the 1 left
+    sched.add_request(request("q"))
+    assert sched.schedule() == ["q", "h0", "h1", "k0"]
+    assert not admission.pending(sched).groups
+
+
+def test_a_group_waits_for_slots_a_bounded_time(scheduler_cls, monkeypatch):
+    monkeypatch.setattr(admission, "GROUP_WAIT_S", 0.05)
+    scheduler_cls.max_num_running_reqs = 4
+    sched = scheduler_cls()
+    sched.running = ["r0", "r1", "r2"]  # long decodes hold 3 of the 4 slots
+    whole_group(sched, "g", 2)
+    assert sched.schedule() == [] and sched.get_num_unfinished_requests() == 2
+    time.sleep(0.06)
+    assert sched.schedule() == ["g0", "g1"]
+
+
+def test_a_group_larger_than_the_slots_enters_an_empty_scheduler(scheduler_cls):
+    scheduler_cls.max_num_running_reqs = 2
+    sched = scheduler_cls()
+    whole_group(sched, "g", 3)
+    whole_group(sched, "h", 1)
+    assert sched.schedule() == ["g0", "g1", "g2"]
+    assert sched.schedule() == ["h0"]
 
 
 def test_aborts_release_held_requests(scheduler_cls):
