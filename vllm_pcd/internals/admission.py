@@ -6,11 +6,12 @@ then enter the waiting queue together, so one step schedules them all (within th
 budget).
 
 A group enters only into free sequence slots: when its members fit beside the requests
-already running and waiting (or the scheduler is empty). Otherwise a 32-field call's 32
-branches, released before a neighbour's request arrived, would take the slots of the step the
-neighbour needs (measured: its first step full at 128 requests and 591 of 2,048 tokens). A
-request that arrives while a group is held is therefore queued ahead of it, and groups enter
-in the order they were first held.
+already running and waiting (or the scheduler is empty). Otherwise several calls' groups,
+released just before another client's request arrived, fill the step's sequence slots ahead
+of it (measured at 32 fields and 8 clients: that request's first step held 128 requests but
+only 591 of its 2,048 tokens, and it waited a step more than beside ordinary requests). A
+request that arrives while a group is held is queued ahead of it; groups enter in the order
+they were first held.
 
 Nothing is held for long, whatever arrives or not:
 - a group waits at most `GROUP_WAIT_S` from its first arrival. The scheduler releases stale
