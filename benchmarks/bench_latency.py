@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.harness import provenance, publish, run_on_server, save_figure
+from benchmarks.harness import measure_and_publish, panel_row, provenance, save_figure
 from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task
 from benchmarks.methods import ANSWERING, METHODS, run_method
 from benchmarks.metrics import is_schema_valid, median, p90
@@ -197,10 +197,6 @@ async def concurrency_sweep(client: Client, task: Task, levels: list[int], reps:
 
 
 def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     plain = FuncFormatter(lambda value, _: f"{value:g}")
@@ -208,8 +204,8 @@ def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path
     sparse = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "235" else "")
 
     contexts = sorted({c["context_tokens"] for c in cells})
-    fig, axes = plt.subplots(1, len(contexts), figsize=(5 * len(contexts), 4), squeeze=False)
-    for ax, ctx in zip(axes[0], contexts):
+    fig, axes = panel_row(len(contexts))
+    for ax, ctx in zip(axes, contexts):
         mine = sorted((c for c in cells if c["context_tokens"] == ctx), key=lambda c: c["fields"])
         for name in methods:
             points = [(c["fields"], c["methods"][name]["median_s"]) for c in mine
@@ -223,7 +219,7 @@ def plot(cells: list[dict[str, Any]], methods: list[str], title: str, path: Path
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(sparse)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.suptitle(f"vllm-pcd latency per method, lower is better\n{title}", fontsize=10)
     save_figure(fig, path)
 
@@ -347,10 +343,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    results = run_on_server(args, run)
-    publish(args.out, results,
-            lambda path: plot(results["cells"], args.methods, results["serving"], path), table)
-    return results
+    return measure_and_publish(
+        args, run, lambda results, path: plot(results["cells"], args.methods,
+                                              results["serving"], path), table)
 
 
 if __name__ == "__main__":
