@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import public_data
-from benchmarks.harness import provenance, publish, save_figure
+from benchmarks.harness import provenance, publish, save_reliability
 from vllm_pcd.core.fitting import Row, expected_calibration_error, reliability
 from vllm_pcd.core.options import Options
 
@@ -91,23 +91,12 @@ def saved_groups(path: Path) -> dict[str, Groups]:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
-    for group, pooled in results["pooled"].items():
-        for key, label in (("uncalibrated", "uncalibrated"), ("profile", "fitted")):
-            bins = pooled[key]["reliability"]
-            ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins],
-                    marker="o", linestyle="-" if key == "profile" else "--",
-                    label=f"{group}, {label} (ECE {pooled[key]['ece']:.3f})")
-    ax.set(xlabel="probability of the returned value", ylabel="share correct", xlim=(0, 1),
-           ylim=(0, 1), title=f"{Path(results['model']).name}, {results['dtype']}: held-out halves")
-    ax.legend(fontsize=8, loc="upper left")
-    save_figure(fig, path, dpi=110)
+    curves = [(pooled[key]["reliability"], f"{group}, {label} (ECE {pooled[key]['ece']:.3f})",
+               "-" if key == "profile" else "--")
+              for group, pooled in results["pooled"].items()
+              for key, label in (("uncalibrated", "uncalibrated"), ("profile", "fitted"))]
+    save_reliability(curves, f"{Path(results['model']).name}, {results['dtype']}: held-out halves",
+                     path, legend_size=8)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

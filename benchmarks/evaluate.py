@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks import public_data
-from benchmarks.harness import provenance, run_on_server, save_figure
+from benchmarks.harness import provenance, run_on_server, save_reliability
 from benchmarks.client import Client, Outcome, load_tokenizer, make_task
 from benchmarks.methods import METHODS, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
@@ -212,22 +212,10 @@ def table(results: dict[str, Any]) -> str:
 
 def plot_reliability(results: dict[str, Any], path: Path) -> None:
     """Accuracy against returned probability, per PCD method, all tasks pooled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
-    for method, rep in results["overall"]["methods"].items():
-        if rep.get("reliability"):
-            bins = rep["reliability"]
-            ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o",
-                    label=f"{method} (ECE {rep['ece']:.3f})")
-    ax.set(xlabel="probability of the returned value", ylabel="share correct", xlim=(0, 1),
-           ylim=(0, 1), title=f"{Path(results['model']).name}: {results['overall']['cases']} cases")
-    ax.legend(fontsize=7, loc="upper left")
-    save_figure(fig, path, dpi=110)
+    curves = [(rep["reliability"], f"{method} (ECE {rep['ece']:.3f})", "-")
+              for method, rep in results["overall"]["methods"].items() if rep.get("reliability")]
+    save_reliability(curves, f"{Path(results['model']).name}: {results['overall']['cases']} cases",
+                     path, legend_size=7)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -59,6 +59,23 @@ def panel_row(count: int) -> tuple[Any, Any]:
     return fig, axes[0]
 
 
+def save_reliability(curves: list[tuple[list[dict[str, float]], str, str]], title: str,
+                     path: Path, legend_size: int) -> None:
+    """Share correct against the returned probability, beside the diagonal of perfect
+    calibration: one (bins, label, line style) curve each, as evaluate and calibration plot it."""
+    fig, axes = panel_row(1)
+    ax = axes[0]
+    fig.set_size_inches(5.5, 5)
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    for bins, label, style in curves:
+        ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o",
+                linestyle=style, label=label)
+    ax.set(xlabel="probability of the returned value", ylabel="share correct", xlim=(0, 1),
+           ylim=(0, 1), title=title)
+    ax.legend(fontsize=legend_size, loc="upper left")
+    save_figure(fig, path, dpi=110)
+
+
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
     import matplotlib.pyplot as plt
 
