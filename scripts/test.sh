@@ -10,12 +10,14 @@ cd "$repo"
 if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   venv=${PCD_VENV:-$repo/.venv-0.24}
   # What runs on FlagOS hosts' vLLM: end to end, fidelity, the fork's token accounting and
-  # its copy-on-write, the restricted head, the engine channel, hostile input, the decision
-  # routes, every door, neighbours on a shared server, the planning bounds, conditioned
-  # fields, vLLM's own structured-output idioms (chat and Responses API), offline batches sized
-  # to the KV cache, the package's shape (its version adapters) and the patch-target check.
+  # its copy-on-write, the restricted head, the engine channel and grouped admission, hostile
+  # input, the decision routes, every door, neighbours on a shared server, the planning bounds,
+  # conditioned fields, vLLM's own structured-output idioms (chat and Responses API), offline
+  # batches sized to the KV cache, the package's shape (its version adapters) and the
+  # patch-target check.
   default_tests="tests/test_architecture.py tests/test_conditioned.py tests/test_server_e2e.py
     tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py tests/test_channel.py
+    tests/test_admission.py
     tests/test_reliability.py tests/test_faults.py tests/test_decisions.py
     tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py
     tests/test_neighbours.py tests/test_planning_bounds.py tests/test_structured_outputs.py
