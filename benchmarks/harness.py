@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +25,18 @@ def server_parser(name: str, doc: str, quick: str) -> argparse.ArgumentParser:
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--server-flags", default="", help="more `vllm serve` flags for the "
+                        "server it starts, e.g. \"--block-size 32\" (ignored with --url)")
     parser.add_argument("--out", type=Path, help="output path without suffix "
                         f"(default benchmarks/results/{name}[-quick])")
     return parser
 
 
-def serving_note(url: str | None) -> str:
+def serving_note(url: str | None, server_flags: str = "") -> str:
     if url:
         return f"attached to {url}: dtype and flags as that server was started"
     return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
-            "xgrammar structured outputs")
+            "xgrammar structured outputs" + (f", with {server_flags}" if server_flags else ""))
 
 
 def provenance() -> dict[str, Any]:
@@ -97,9 +100,10 @@ def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, 
                   ) -> dict[str, Any]:
     """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    serving = serving_note(args.url)
+    flags = getattr(args, "server_flags", "")
+    serving = serving_note(args.url, flags)
     print(serving, file=sys.stderr)
-    with server(args.url, args.model, args.out.with_suffix(".server.log")) as url:
+    with server(args.url, args.model, args.out.with_suffix(".server.log"), flags=flags) as url:
         return asyncio.run(run(args, url, serving))
 
 
@@ -113,14 +117,15 @@ def measure_and_publish(args: Any, run: Callable[[Any, str, str], Awaitable[dict
 
 
 @contextlib.contextmanager
-def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2
-           ) -> Iterator[str]:
-    """Attach to `url`, or start one server with the plugin and the xgrammar backend."""
+def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2,
+           flags: str = "") -> Iterator[str]:
+    """Attach to `url`, or start one server with the plugin and the xgrammar backend (and
+    `flags`, an operator's own `vllm serve` flags, split as a shell would)."""
     if url:
         yield url
         return
     from vllm_pcd.launch import serve
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with serve(model, args=SERVER_ARGS, kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
+    with serve(model, args=(*SERVER_ARGS, *shlex.split(flags)), kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
         yield base
