@@ -22,7 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.harness import measure_and_publish, panel_row, provenance, save_figure
+from benchmarks.harness import (add_server_flags, measure_and_publish, panel_row, provenance,
+                                save_figure)
 from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task
 from benchmarks.methods import ANSWERING, METHODS, run_method
 from benchmarks.metrics import is_schema_valid, median, p90
@@ -321,6 +322,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="model folder (served, and its tokenizer builds the plans)")
     parser.add_argument("--quick", action="store_true",
                         help="fields 1,3; context 100; 1 rep; concurrency 1,2")
+    add_server_flags(parser)
     parser.add_argument("--fields", type=int, nargs="+", default=[1, 3, 8, 16, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[100, 300, 1000],
                         help="approximate conversation tokens")

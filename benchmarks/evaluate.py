@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks import public_data
-from benchmarks.harness import provenance, run_on_server, save_reliability
+from benchmarks.harness import add_server_flags, provenance, run_on_server, save_reliability
 from benchmarks.client import Client, Outcome, load_tokenizer, make_task
 from benchmarks.methods import METHODS, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
@@ -230,6 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=str(default_model_path()),
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
+    add_server_flags(parser)
     parser.add_argument("--limit", type=int, help="N cases per source, drawn with a fixed seed")
     parser.add_argument("--sample", choices=["natural", "balanced"], default="natural",
                         help="balanced: as many cases of each gold answer (of the first "

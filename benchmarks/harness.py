@@ -25,11 +25,16 @@ def server_parser(name: str, doc: str, quick: str) -> argparse.ArgumentParser:
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--quick", action="store_true", help=quick)
-    parser.add_argument("--server-flags", default="", help="more `vllm serve` flags for the "
-                        "server it starts, e.g. \"--block-size 32\" (ignored with --url)")
+    add_server_flags(parser)
     parser.add_argument("--out", type=Path, help="output path without suffix "
                         f"(default benchmarks/results/{name}[-quick])")
     return parser
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """--server-flags: an operator's own `vllm serve` flags for the server a benchmark starts."""
+    parser.add_argument("--server-flags", default="", help="more `vllm serve` flags for the "
+                        "server it starts, e.g. \"--block-size 32\" (ignored with --url)")
 
 
 def serving_note(url: str | None, server_flags: str = "") -> str:
@@ -100,10 +105,10 @@ def run_on_server(args: Any, run: Callable[[Any, str, str], Awaitable[dict[str, 
                   ) -> dict[str, Any]:
     """Start (or attach to, with --url) the server and run one measurement coroutine on it."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    flags = getattr(args, "server_flags", "")
-    serving = serving_note(args.url, flags)
+    serving = serving_note(args.url, args.server_flags)
     print(serving, file=sys.stderr)
-    with server(args.url, args.model, args.out.with_suffix(".server.log"), flags=flags) as url:
+    with server(args.url, args.model, args.out.with_suffix(".server.log"),
+                flags=args.server_flags) as url:
         return asyncio.run(run(args, url, serving))
 
 
@@ -127,5 +132,6 @@ def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int
     from vllm_pcd.launch import serve
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with serve(model, args=(*SERVER_ARGS, *shlex.split(flags)), kv_cache_gib=kv_cache_gib, log_path=log_path) as base:
+    with serve(model, args=(*SERVER_ARGS, *shlex.split(flags)), kv_cache_gib=kv_cache_gib,
+               log_path=log_path) as base:
         yield base

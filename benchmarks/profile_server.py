@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.harness import provenance, server
+from benchmarks.harness import add_server_flags, provenance, server
 from vllm_pcd.models import default_model_path
 
 RATE = 50  # py-spy samples a second
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_server",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="attach to a running server on this machine")
+    add_server_flags(parser)
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--fields", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=1)
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=30)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pcd-profile-"))
-    with server(args.url, args.model, work / "server.log") as url:
+    with server(args.url, args.model, work / "server.log", flags=args.server_flags) as url:
         port = int(url.rsplit(":", 1)[1])
         load = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_throughput", "--url", url, "--model",

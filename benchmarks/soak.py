@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.harness import provenance, server
+from benchmarks.harness import add_server_flags, provenance, server
 from benchmarks.client import load_tokenizer
 from benchmarks.metrics import is_schema_valid
 
@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--url")
+    add_server_flags(parser)
     args = parser.parse_args(argv)
-    with server(args.url, args.model, RESULTS / "soak.server.log") as url:
+    with server(args.url, args.model, RESULTS / "soak.server.log", flags=args.server_flags) as url:
         report = asyncio.run(soak(url, args.model, args.seconds, args.concurrency))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(report, indent=2))
