@@ -37,7 +37,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                         "server it starts, e.g. \"--block-size 32\" (ignored with --url)")
 
 
-def serving_note(url: str | None, server_flags: str = "") -> str:
+def serving_note(url: str | None, server_flags: str) -> str:
     if url:
         return f"attached to {url}: dtype and flags as that server was started"
     return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
