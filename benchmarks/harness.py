@@ -11,7 +11,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from benchmarks.methods import SERVER_ARGS
 from vllm_pcd.models import default_model_path, fast_dtype
@@ -123,15 +123,16 @@ def measure_and_publish(args: Any, run: Callable[[Any, str, str], Awaitable[dict
 
 @contextlib.contextmanager
 def server(url: str | None, model: str | Path, log_path: Path, kv_cache_gib: int = 2,
-           flags: str = "") -> Iterator[str]:
-    """Attach to `url`, or start one server with the plugin and the xgrammar backend (and
-    `flags`, an operator's own `vllm serve` flags, split as a shell would)."""
+           flags: str = "", base_args: Sequence[str] = SERVER_ARGS) -> Iterator[str]:
+    """Attach to `url`, or start one server with `base_args` (the plugin, the xgrammar backend,
+    the fast dtype) and `flags`, an operator's own `vllm serve` flags, split as a shell
+    would."""
     if url:
         yield url
         return
     from vllm_pcd.launch import serve
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with serve(model, args=(*SERVER_ARGS, *shlex.split(flags)), kv_cache_gib=kv_cache_gib,
+    with serve(model, args=(*base_args, *shlex.split(flags)), kv_cache_gib=kv_cache_gib,
                log_path=log_path) as base:
         yield base
