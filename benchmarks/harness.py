@@ -56,14 +56,16 @@ def provenance() -> dict[str, Any]:
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
-def panel_row(count: int) -> tuple[Any, Any]:
-    """A headless figure of `count` panels side by side: (figure, its row of axes)."""
+def panel_row(count: int, panel_size: tuple[float, float] = (5, 4)) -> tuple[Any, Any]:
+    """A headless figure of `count` panels of `panel_size` inches side by side: (figure, its
+    row of axes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, count, figsize=(5 * count, 4), squeeze=False)
+    width, height = panel_size
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
     return fig, axes[0]
 
 
@@ -71,9 +73,7 @@ def save_reliability(curves: list[tuple[list[dict[str, float]], str, str]], titl
                      path: Path, legend_size: int) -> None:
     """Share correct against the returned probability, beside the diagonal of perfect
     calibration: one (bins, label, line style) curve each, as evaluate and calibration plot it."""
-    fig, axes = panel_row(1)
-    ax = axes[0]
-    fig.set_size_inches(5.5, 5)
+    fig, (ax,) = panel_row(1, panel_size=(5.5, 5))
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
     for bins, label, style in curves:
         ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o",
