@@ -37,11 +37,16 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                         "server it starts, e.g. \"--block-size 32\" (ignored with --url)")
 
 
-def serving_note(url: str | None, server_flags: str) -> str:
+def serving_note(url: str | None, server_flags: str, dtype: str | None = None) -> str:
+    """What served the figures: the started server's dtype (the fast one unless named) and
+    flags, or the server attached to."""
     if url:
         return f"attached to {url}: dtype and flags as that server was started"
-    return (f"serving {fast_dtype()} (the faster dtype on this CPU), one server: pcd plugin + "
-            "xgrammar structured outputs" + (f", with {server_flags}" if server_flags else ""))
+    fast = fast_dtype()
+    named = (f"{dtype}, named" if dtype and dtype != fast
+             else f"{fast} (the faster dtype on this CPU)")
+    return (f"serving {named}, one server: pcd plugin + xgrammar structured outputs"
+            + (f", with {server_flags}" if server_flags else ""))
 
 
 def provenance() -> dict[str, Any]:

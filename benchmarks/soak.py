@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
-from benchmarks.harness import add_server_flags, provenance, server
+from benchmarks.harness import add_server_flags, provenance, server, serving_note
 from benchmarks.methods import server_args
 from benchmarks.client import load_tokenizer
 from benchmarks.metrics import is_schema_valid
@@ -166,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--url")
     parser.add_argument("--dtype", default="float32", help="the started server's dtype "
-                        "(float32: see the module's note on batch invariance)")
+                        "(float32: see the module's note on batch invariance; ignored with --url)")
     add_server_flags(parser)
     args = parser.parse_args(argv)
     with server(args.url, args.model, RESULTS / "soak.server.log", flags=args.server_flags,
                 base_args=server_args(dtype=args.dtype)) as url:
         report = asyncio.run(soak(url, args.model, args.seconds, args.concurrency))
+    report["serving"] = serving_note(args.url, args.server_flags, dtype=args.dtype)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
