@@ -12,7 +12,7 @@ What many clients ask of the worker, without a server in between: one engine in 
 the same documents' prompts in one `generate`. The worker's step time per document is the
 figure: PCD and the floor alternate, median of `--reps`. `--operators` adds one torch-profiled
 rep of each, kept apart from the timings: the operators' self time per document shows what a
-branch costs the worker beyond the tokens it computes (docs/benchmarks.md).
+branch costs the worker beyond the tokens it computes (docs/performance.md).
 """
 
 from __future__ import annotations

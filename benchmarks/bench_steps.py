@@ -10,8 +10,8 @@ before every call so each is cold. Each model-runner step is timed around `execu
 the call's time outside its steps is planning, submission and output handling. PCD and the
 floor alternate call by call. `--operators` adds one more rep, torch-profiled and kept apart
 from the timings: the self time of the operators that dominate a CPU forward, per step, shows
-where a branch step's time goes beyond the tokens it computes (docs/benchmarks.md, "On a CPU
-with AMX").
+where a branch step's time goes beyond the tokens it computes (docs/performance.md, "Where
+PCD's time goes beyond the floor").
 """
 
 from __future__ import annotations

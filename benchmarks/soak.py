@@ -12,7 +12,7 @@ also after the abandoned requests. The figures go to benchmarks/results/soak.jso
 The server it starts computes in float32, whatever the CPU: only there is a greedy answer the
 same whatever else shares its step. In bf16 vLLM's CPU forward depends on the batch: a stock
 server (no PCD traffic) answering short greedy chat requests under 32 clients gave 350 of 2,139
-answers that differ from the same request sent alone; in float32, 0 of 682 (stop 47). Under
+answers that differ from the same request sent alone; in float32, 0 of 682. Under
 bf16 (`--dtype bfloat16`) this check would flag vLLM's batch variance, not PCD.
 """
 

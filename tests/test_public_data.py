@@ -110,7 +110,7 @@ def test_excluded_draws_leave_only_fresh_cases(tasks):
 
 
 def test_a_package_the_registry_no_longer_has_is_named_in_a_clear_error(monkeypatch, tmp_path):
-    """BIG-bench 1.0.0 left the registry (stop 41): the harness says which package and where
+    """BIG-bench 1.0.0 left the registry: the harness says which package and where
     a copy would go, not pip's exit status."""
     import subprocess
 
