@@ -11,11 +11,11 @@ and is not understood is refused by name, never ignored.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from vllm_pcd.core.cost import WorkBudget
 from vllm_pcd.core.spec import MODES, FieldSpec, Limits, check_text, fail, shown
 
 # Keywords that only annotate; they never change which values are valid.
@@ -33,15 +33,33 @@ MAX_NAME_CHARS = 64
 MAX_VALUE_CHARS = 256
 MAX_DESCRIPTION_CHARS = 1000
 MAX_DEPTH = 8  # nested objects, unions and `$ref` hops, together
+_ANNOTATION_TYPES: dict[str, type] = {"title": str, "description": str, "$comment": str,
+                                      "examples": list, "$schema": str}
+_KIND_NAMES = {str: "a string", list: "an array"}
 
 
 @dataclass(frozen=True)
 class Parsing:
     """What a property's parse reads besides the property: the root's definitions (by
-    `$ref` string) and the limits that bound what a range may expand to."""
+    `$ref` string), the limits that bound what a range may expand to, and the work the
+    schema may still cause. A `$ref`'s values are computed once per depth (`values_of_ref`),
+    so a schema whose unions share definitions costs their number, not their paths."""
 
     definitions: Mapping[str, Any]
     limits: Limits
+    budget: WorkBudget
+    ref_values: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+
+
+def value_key(value: Any) -> tuple[str, Any]:
+    """A JSON value as JSON Schema compares it: `1` equals `1.0` and `0` equals `-0.0`, but
+    `true` is not `1`."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return type(value).__name__, value
+    if isinstance(value, float) and value.is_integer():
+        return "number", int(value)
+    return "number", value
 
 
 def definitions_of(root: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,6 +110,8 @@ def _resolved(path: str, raw: Any, parsing: Parsing, depth: int) -> dict[str, An
             if ref in seen:
                 raise fail(path, "ref", f"$ref {shown(ref)} refers to itself (a cycle)")
             seen.append(ref)
+            parsing.used.add(ref)
+            parsing.budget.spend()
             target, rest = parsing.definitions[ref], {k: v for k, v in raw.items() if k != "$ref"}
         else:
             parts = raw["allOf"]
@@ -115,6 +135,22 @@ def _only(path: str, raw: Mapping[str, Any], allowed: frozenset[str]) -> None:
                    f"unsupported keyword(s) {', '.join(shown(k) for k in unknown)}; a field is "
                    "a finite choice (boolean, enum, const, bounded integer, nullable), a closed "
                    "object of such fields, or a unique array of enum values")
+    check_annotations(path, raw)
+
+
+def check_annotations(path: str, raw: Mapping[str, Any], description_rule: str = "description"
+                      ) -> None:
+    """What JSON Schema requires of the keywords PCD reads and of the annotations beside
+    them: a schema PCD accepts is valid JSON Schema, checked in one look at each object PCD
+    reads (an annotation of the wrong type is an invalid schema, not an absent keyword)."""
+    for key, kind in _ANNOTATION_TYPES.items():
+        if key in raw and not isinstance(raw[key], kind):
+            rule = description_rule if key == "description" else "json_schema"
+            raise fail(f"{path}.{key}", rule, f"is not valid JSON Schema: {key} must be "
+                       f"{_KIND_NAMES[kind]}, got {type(raw[key]).__name__}")
+    if "type" in raw and not isinstance(raw["type"], (str, list)):
+        raise fail(f"{path}.type", "json_schema", "is not valid JSON Schema: type must be a "
+                   f"string or a list of strings, got {type(raw['type']).__name__}")
 
 
 def finite_values(path: str, raw: dict[str, Any], parsing: Parsing, depth: int
@@ -143,7 +179,7 @@ def finite_values(path: str, raw: dict[str, Any], parsing: Parsing, depth: int
                    'use "boolean", an "enum", a "const" or an integer with both bounds')
     if _BOUNDS & set(raw) and ("enum" in raw or "const" in raw or "integer" not in types):
         raise fail(path, "unsupported_keyword", "minimum and maximum bound an integer range only")
-    return _checked_values(path, values, types)
+    return _checked_values(path, values, types, parsing)
 
 
 def _declared_types(path: str, declared: Any) -> set[str]:
@@ -156,8 +192,13 @@ def _declared_types(path: str, declared: Any) -> set[str]:
     return set(names)
 
 
-def _checked_values(path: str, values: list[Any], types: set[str]) -> tuple[Any, ...]:
-    seen: set[str] = set()
+def _checked_values(path: str, values: list[Any], types: set[str], parsing: Parsing
+                    ) -> tuple[Any, ...]:
+    if len(values) > parsing.limits.max_candidates:
+        raise fail(path, "max_candidates", f"{len(values)} values; the limit is "
+                   f"{parsing.limits.max_candidates}")
+    parsing.budget.spend(len(values))
+    seen: set[tuple[str, Any]] = set()
     for i, value in enumerate(values):
         where = f"{path}.enum[{i}]"
         if isinstance(value, str):
@@ -170,10 +211,10 @@ def _checked_values(path: str, values: list[Any], types: set[str]) -> tuple[Any,
         if types and not any(_is(value, t) for t in types):
             raise fail(where, "enum", f"{shown(value)} is not of the declared type "
                        f"{'/'.join(sorted(types))}")
-        text = json.dumps(value)
-        if text in seen:
+        key = value_key(value)
+        if key in seen:
             raise fail(where, "enum", f"duplicate enum value {shown(value)}")
-        seen.add(text)
+        seen.add(key)
     return tuple(values)
 
 
@@ -219,7 +260,8 @@ def _bound(path: str, raw: dict[str, Any], inclusive: str, exclusive: str, round
 
 def _union(path: str, raw: dict[str, Any], parsing: Parsing, depth: int) -> tuple[Any, ...]:
     """`anyOf`/`oneOf` of finite scalars (`Optional[...]` is one): their values together.
-    `oneOf` means exactly one alternative, so a value two alternatives allow is refused."""
+    `oneOf` means exactly one alternative, so a value two alternatives allow is refused. The
+    union is refused as soon as it holds more values than a request may score."""
     _only(path, raw, _UNION | _PCD)
     if len(_UNION & set(raw)) > 1:
         raise fail(path, "unsupported_keyword", "anyOf and oneOf together are not supported")
@@ -227,19 +269,40 @@ def _union(path: str, raw: dict[str, Any], parsing: Parsing, depth: int) -> tupl
     alternatives = raw[key]
     if not isinstance(alternatives, list) or not alternatives:
         raise fail(f"{path}.{key}", "field_type", f"{key} must be a non-empty list")
-    values: list[Any] = []
+    values: dict[tuple[str, Any], Any] = {}
     for i, alternative in enumerate(alternatives):
         where = f"{path}.{key}[{i}]"
-        resolved = _resolved(where, alternative, parsing, depth + 1)
-        _only(where, resolved, _SCALAR | _UNION)
-        for value in finite_values(where, resolved, parsing, depth + 1):
-            if any(json.dumps(value) == json.dumps(v) for v in values):
+        found = _alternative_values(where, alternative, parsing, depth + 1)
+        parsing.budget.spend(len(found))
+        for value in found:
+            if value_key(value) in values:
                 if key == "oneOf":
                     raise fail(where, "enum", f"{shown(value)} is allowed by two oneOf "
                                "alternatives, so it would be invalid")
                 continue
-            values.append(value)
-    return tuple(values)
+            values[value_key(value)] = value
+        if len(values) > parsing.limits.max_candidates:
+            raise fail(path, "max_candidates", f"the {key} allows more than "
+                       f"{parsing.limits.max_candidates} values (the limit)")
+    return tuple(values.values())
+
+
+def _alternative_values(where: str, alternative: Any, parsing: Parsing, depth: int
+                        ) -> tuple[Any, ...]:
+    """One union alternative's values; a plain `$ref` is expanded once per depth, however
+    many alternatives name it."""
+    ref = alternative.get("$ref") if isinstance(alternative, dict) else None
+    key = (ref, depth) if isinstance(ref, str) and ref in parsing.definitions else None
+    if key is not None and key in parsing.ref_values:
+        _only(where, {k: v for k, v in alternative.items() if k != "$ref"}, ANNOTATIONS)
+        parsing.budget.spend()
+        return parsing.ref_values[key]
+    resolved = _resolved(where, alternative, parsing, depth)
+    _only(where, resolved, _SCALAR | _UNION)
+    found = finite_values(where, resolved, parsing, depth)
+    if key is not None:
+        parsing.ref_values[key] = found
+    return found
 
 
 def _object_fields(path: str, raw: dict[str, Any], parsing: Parsing, keys: tuple[str, ...]

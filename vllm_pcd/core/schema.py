@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_pcd.core.fields import ANNOTATIONS, Parsing, check_closed, definitions_of, property_fields
+from vllm_pcd.core.cost import Size, WorkBudget, measure
+from vllm_pcd.core.fields import (ANNOTATIONS, Parsing, check_annotations, check_closed,
+                                  definitions_of, property_fields)
 from vllm_pcd.core.spec import (MODES, FieldKind, FieldMode, FieldSpec, Limits, SchemaError,
                                 SchemaSpec, fail, shown)
 
@@ -48,14 +50,29 @@ def _check_dependencies(fields: tuple[FieldSpec, ...]) -> None:
             visit(f.name)
 
 
-def _check_json_schema(raw: dict[str, Any]) -> None:
-    """What passes the PCD contract must also be valid JSON Schema: an annotation of the wrong
-    type (`"type": null`, a numeric `title`) is an invalid schema, not an absent keyword."""
+# Unused `$defs` entries are checked by the JSON-Schema meta-check (about 0.3 ms and 1,000
+# Python calls a subschema on a 2-core x86 CPU), so they may hold at most this many objects.
+MAX_UNUSED_DEFINITION_OBJECTS = 16
+
+
+def _check_json_schema(raw: dict[str, Any], unused: dict[str, Any]) -> None:
+    """What passes the PCD contract must also be valid JSON Schema. What PCD reads it checks
+    itself as it reads (`fields.check_annotations`); the definitions it never reads are
+    meta-checked here, within a bound, since their content is not PCD's to judge."""
+    check_annotations("pcd_schema", raw, description_rule="json_schema")
+    if not unused:
+        return
+    size = measure(unused, "pcd_schema.$defs", max_nodes=CACHED_SCHEMA_CHARS,
+                   max_chars=CACHED_SCHEMA_CHARS)
+    if size.objects > MAX_UNUSED_DEFINITION_OBJECTS:
+        raise SchemaError(f"pcd_schema.$defs: the definitions no field uses hold more than "
+                          f"{MAX_UNUSED_DEFINITION_OBJECTS} schema objects; leave them out",
+                          param="pcd_schema.$defs", rule="size")
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError as InvalidJSONSchema
 
     try:
-        Draft202012Validator.check_schema(raw)
+        Draft202012Validator.check_schema({"$defs": unused})
     except InvalidJSONSchema as err:
         where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in err.path)
         raise SchemaError(f"pcd_schema{shown(where)} is not valid JSON Schema: "
@@ -72,11 +89,16 @@ CACHED_SCHEMA_CHARS = 1 << 14
 
 
 def parse_schema(raw: Any, limits: Limits = Limits()) -> SchemaSpec:
-    """Validate `raw` against the PCD contract and the field/candidate limits. A schema
-    parsed before (the same JSON values, keys in the same order) is not checked again;
-    refusals are never kept."""
+    """Validate `raw` against the PCD contract and the field/candidate limits, in work linear
+    in its size (`cost`). A schema parsed or refused before (the same JSON values, keys in
+    the same order) is answered from the cache."""
+    size = measure(raw, "pcd_schema", max_nodes=limits.max_schema_nodes,
+                   max_chars=limits.max_schema_chars)
     key = frozen(raw, [CACHED_SCHEMA_CHARS])
-    return _parse(raw, limits) if key is None else _parse_kept(key, limits)
+    parsed = _parse(raw, limits, size) if key is None else _parse_kept(key, limits, size)
+    if isinstance(parsed, SchemaError):
+        raise parsed
+    return parsed
 
 
 # Deeper values are never kept: the parser refuses them with a 4xx, where building their
@@ -122,11 +144,14 @@ def _thawed(key: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=CACHED_SCHEMAS)
-def _parse_kept(key: Any, limits: Limits) -> SchemaSpec:
-    return _parse(_thawed(key), limits)
+def _parse_kept(key: Any, limits: Limits, size: Size) -> SchemaSpec | SchemaError:
+    try:
+        return _parse(_thawed(key), limits, size)
+    except SchemaError as err:  # kept too: a replayed refusal costs its lookup only
+        return err
 
 
-def _parse(raw: Any, limits: Limits) -> SchemaSpec:
+def _parse(raw: Any, limits: Limits, size: Size) -> SchemaSpec:
     if not isinstance(raw, dict):
         raise SchemaError(f"pcd_schema must be a JSON object, got {type(raw).__name__}",
                           rule="schema_type")
@@ -138,7 +163,8 @@ def _parse(raw: Any, limits: Limits) -> SchemaSpec:
     if len(properties) > limits.max_fields:
         raise SchemaError(f"pcd_schema has {len(properties)} fields; the limit is "
                           f"{limits.max_fields}", param="pcd_schema.properties", rule="max_fields")
-    parsing = Parsing(definitions_of(raw), limits)
+    definitions = definitions_of(raw)
+    parsing = Parsing(definitions, limits, WorkBudget(size))
     fields = []
     for name, field in properties.items():
         fields += property_fields(name, field, parsing)
@@ -147,7 +173,8 @@ def _parse(raw: Any, limits: Limits) -> SchemaSpec:
                               "fields and each label of a label set count); the limit is "
                               f"{limits.max_fields}", param="pcd_schema.properties",
                               rule="max_fields")
-    _check_json_schema(raw)
+    _check_json_schema(raw, {ref: target for ref, target in definitions.items()
+                             if ref not in parsing.used})
     spec = SchemaSpec(tuple(fields))
     _check_names(spec.fields)
     _check_dependencies(spec.fields)

@@ -27,6 +27,10 @@ class Limits:
     max_prompt_chars: int = 0  # characters of conversation text; 0: 16 per max_prompt_tokens
     max_messages: int = 256
     max_queued_plans: int = 64  # PCD calls waiting for or in planning; more get HTTP 429
+    # A schema (or guided-choice list) is measured before it is read: its JSON values, and
+    # characters of its keys and strings. Its interpretation work is then linear in them.
+    max_schema_nodes: int = 8192
+    max_schema_chars: int = 1 << 18
 
     @property
     def prompt_chars(self) -> int:
