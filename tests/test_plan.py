@@ -89,6 +89,17 @@ def test_engine_requests_of_one_call_are_bounded(tokenizer):
         build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
                    Options(mode="sequence"), Limits(max_engine_requests=needed - 1))
     assert info.value.rule == "max_engine_requests" and str(needed) in str(info.value)
+    # Conditioned, the same fields take 32 rounds of fewer requests each: the call's total is
+    # what is bounded, before its first round runs.
+    for joint in (True, False):
+        with pytest.raises(SchemaError) as info:
+            build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                       Options(mode="sequence", joint=joint),
+                       Limits(max_engine_requests=needed - 1))
+        assert info.value.rule == "max_engine_requests"
+    first = build_plan(tokenizer, parse_schema(wide), [{"role": "user", "content": MESSAGE}],
+                       Options(mode="sequence", joint=True))
+    assert len(first.scorings) < needed / 16  # one field's trie: a round alone passes
 
 
 @pytest.mark.parametrize("kwargs,rule", [

@@ -68,6 +68,15 @@ def round_fields(spec: SchemaSpec, joint: bool, answered: Answered) -> list[int]
             if f.name not in done and all(spec.fields[j].name in done for j in needs)]
 
 
+def rounds_needed(spec: SchemaSpec, joint: bool) -> int:
+    """How many rounds a call takes: one more than its longest chain of reads."""
+    needs = conditions(spec, joint)
+    depth: dict[int, int] = {}
+    for i in sorted(range(len(needs)), key=lambda i: len(needs[i])):  # closed: reads first
+        depth[i] = 1 + max((depth[j] for j in needs[i]), default=0)
+    return max(depth.values(), default=1)
+
+
 def check(spec: SchemaSpec, options: Options) -> None:
     """Conditioned fields continue the JSON object, and have no content-free prior (their
     prompts depend on the values chosen for the document)."""

@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 
 from vllm_pcd.core import scoring
 from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.conditioning import Answered, check, conditions, fork_reads, round_fields, written
+from vllm_pcd.core.conditioning import (Answered, check, conditions, fork_reads, round_fields,
+                                        rounds_needed, written)
 from vllm_pcd.core.execution import RequestReport
 from vllm_pcd.core.in_context import InContext
 from vllm_pcd.core.options import Options
@@ -329,6 +330,9 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
                           f"before any answer; the limit is {limits.max_prompt_tokens}",
                           param="messages", rule="max_prompt_tokens")
     needs = conditions(schema, options.joint)
+    if any(needs) and not answered.values:
+        _check_call_requests(tokenizer, rendered, context, texts, schema, options, limits,
+                             cancelled)
     now = round_fields(schema, options.joint, answered)
     texts = [_field_text(tokenizer, schema.fields[i], schema.fields[i].mode or options.mode,
                          formulation, keys_beside(schema, schema.fields[i]),
@@ -338,11 +342,7 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
                        cancelled)
     fields = tuple(_field_plan(encode, t, limits) for t in texts)
     plan = Plan(encode.shared_ids, fields, scorings_of(fields, options.full_vocabulary))
-    requests = 1 + len(plan.scorings)  # the shared context, then every scoring request
-    if requests > limits.max_engine_requests:
-        raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "
-                          f"is {limits.max_engine_requests}", param="pcd_schema",
-                          rule="max_engine_requests")
+    _check_requests(1 + len(plan.scorings), limits)  # the shared context, then each scoring
     total = len(plan.shared_ids) + max((len(s.suffix_ids) + 1 for s in plan.scorings), default=0)
     if total > limits.max_prompt_tokens:
         raise SchemaError(f"the prompt needs {total} tokens with the rendered schema; the limit "
@@ -351,6 +351,25 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     if len(now) + len(answered.values) == len(schema.fields) and not answered.prompts:
         return plan  # one round: nothing to fork from earlier rounds, nothing left for later
     return _conditioned(plan, answered, len(now) + len(answered.values) < len(schema.fields))
+
+
+def _check_requests(requests: int, limits: Limits) -> None:
+    if requests > limits.max_engine_requests:
+        raise SchemaError(f"pcd_schema needs {requests} engine requests in this mode; the limit "
+                          f"is {limits.max_engine_requests}", param="pcd_schema",
+                          rule="max_engine_requests")
+
+
+def _check_call_requests(tokenizer: Tokenizer, rendered: str, context: list[int],
+                         texts: Sequence[_FieldText], schema: SchemaSpec, options: Options,
+                         limits: Limits, cancelled: Callable[[], bool]) -> None:
+    """A conditioned call's requests over all its rounds, bounded before its first round
+    runs: every field's scorings (as if read unconditioned) and one context per round."""
+    encode = InContext(tokenizer, rendered, [t.continuations() for t in texts], context,
+                       cancelled)
+    fields = tuple(_field_plan(encode, t, limits) for t in texts)
+    _check_requests(rounds_needed(schema, options.joint)
+                    + len(scorings_of(fields, options.full_vocabulary)), limits)
 
 
 def _conditioned(plan: Plan, answered: Answered, more: bool) -> Plan:
