@@ -75,6 +75,24 @@ def test_a_text_over_the_character_bound_is_refused_before_it_is_rendered(tokeni
         build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), parts, limits=limits)
 
 
+@pytest.mark.parametrize("content,rule", [
+    ("is this \ud800 urgent?", "encoding"),
+    ([{"type": "text", "text": "lone \udfff"}], "encoding"),
+    ([], "depth"),
+])
+def test_text_no_tokenizer_can_read_is_refused_before_it_is_rendered(tokenizer, content, rule):
+    """A lone surrogate (or content nested past any message shape) is the client's fault: a
+    400 naming where it is, never a tokenizer's exception."""
+    if rule == "depth":
+        for _ in range(500):
+            content = [content]
+    counting = Counting(tokenizer)
+    with pytest.raises(SchemaError) as err:
+        build_plan(counting, parse_schema(SIX_FIELD_SCHEMA), [{"role": "user", "content": content}])
+    assert err.value.rule == rule and counting.calls == 0
+    str(err.value).encode("utf-8")
+
+
 def test_too_many_messages_are_refused_before_they_are_rendered(tokenizer):
     counting = Counting(tokenizer)
     many = [{"role": "user", "content": "hi"}] * (Limits().max_messages + 1)

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from vllm_pcd.core.cost import measure
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, shown
 from vllm_pcd.core.sequence import serialize
 
@@ -217,23 +218,18 @@ def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]],
 
 def check_conversation(messages: Sequence[Any], limits: Limits) -> None:
     """Bounds a conversation before it is rendered: messages, and characters of text (every
-    string in every message, so any content shape counts)."""
+    string in every message, so any content shape counts), read once without recursion; a
+    lone surrogate, which no tokenizer encodes, is refused by where it is."""
     if len(messages) > limits.max_messages:
         raise SchemaError(f"messages: {len(messages)} messages; the limit is "
                           f"{limits.max_messages} (limits.max_messages)", param="messages",
                           rule="max_messages")
-    chars = sum(_chars(m) for m in messages)
-    if chars > limits.prompt_chars:
-        raise SchemaError(f"messages: {chars} characters of text; the limit is "
-                          f"{limits.prompt_chars} (limits.max_prompt_chars)", param="messages",
-                          rule="max_prompt_chars")
-
-
-def _chars(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_chars(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_chars(v) for v in value)
-    return 0
+    try:
+        measure(list(messages), "messages", max_nodes=limits.prompt_chars + len(messages),
+                max_chars=limits.prompt_chars)
+    except SchemaError as err:
+        if err.rule != "size":
+            raise
+        raise SchemaError(f"messages: more than {limits.prompt_chars} characters of text, the "
+                          "limit (limits.max_prompt_chars)", param="messages",
+                          rule="max_prompt_chars") from None
