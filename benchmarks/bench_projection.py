@@ -2,7 +2,7 @@
 
 full:       (h · Wᵀ) over the whole vocabulary in the weight dtype (BF16), then the allowed
             columns: what the engine's LM head does before PCD reads its option logits.
-restricted: kernels.project(h, W, allowed), with the route selected for the device; its
+restricted: vllm_pcd_kernels.project(h, W, allowed), with the route selected for the device; its
             time includes the id checks it does on every call.
 Ids are drawn per row at random (no sharing between rows: the restricted path's worst case).
 Each pair is timed alternately, so load on the machine hits both alike; medians are shown.
@@ -11,7 +11,7 @@ Each pair is timed alternately, so load on the machine hits both alike; medians 
 
 On a shared CPU, --threads 1 avoids OpenMP stalls when the other thread is descheduled.
 
---strategies times the per-row CPU strategies of kernels.projection.gathered_matmul.
+--strategies times the per-row CPU strategies of vllm_pcd_kernels.projection.gathered_matmul.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from kernels import project
+from vllm_pcd_kernels import project
 
 
 def medians(fns, reps: int, device: torch.device) -> list[float]:

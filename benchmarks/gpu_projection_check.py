@@ -5,7 +5,8 @@
 1. dense "triton" vs a float64 reference for fp32/bf16/fp16 weights, hidden 576/896/1536/2560,
    K 1..256 (repeated ids), shared and per-row ids, with and without bias;
 2. "w4a8-triton" vs "w4a8-torch" (the reference arithmetic, same device): bit-identical, as
-   kernels/triton_w4a8.py is built to be (IEEE steps in the same order, no FMA contraction);
+   kernels/vllm_pcd_kernels/triton_w4a8.py is built to be (IEEE steps in the same order, no FMA
+   contraction);
 3. times: full projection (h·Wᵀ in BF16 over the vocabulary, then the allowed columns) vs
    project(route="triton") end to end and the bare kernel;
 4. where vLLM is installed (and `--model`, default the provisioned SmolLM2, exists): serves
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import project
+from vllm_pcd_kernels import project
 
 
 def reference(h, w, allowed, bias):
@@ -94,7 +95,7 @@ def cuda_ms(fn, reps=100) -> float:
 
 
 def timings(dev) -> None:
-    from kernels.triton_projection import gathered_projection
+    from vllm_pcd_kernels.triton_projection import gathered_projection
     print(f"{'vocab':>6} {'hidden':>6} {'batch':>5} {'K':>4} {'full ms':>8} {'project ms':>10} "
           f"{'kernel ms':>9} {'full/kernel':>11}")
     for vocab in (49152, 73448, 151936):

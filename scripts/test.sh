@@ -13,11 +13,11 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   # its copy-on-write, the restricted head, the engine channel and grouped admission, hostile
   # input, the decision routes, every door, neighbours on a shared server, the planning bounds,
   # conditioned fields, vLLM's own structured-output idioms (chat and Responses API), offline
-  # batches sized to the KV cache, the package's shape (its version adapters) and the
-  # patch-target check.
-  default_tests="tests/test_architecture.py tests/test_conditioned.py tests/test_server_e2e.py
-    tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py tests/test_channel.py
-    tests/test_admission.py
+  # batches sized to the KV cache, the package's shape (its version adapters), the
+  # patch-target check, and the plugin beside Hugging Face's `kernels` and transformers.
+  default_tests="tests/test_architecture.py tests/test_host_packages.py tests/test_conditioned.py
+    tests/test_server_e2e.py tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py
+    tests/test_channel.py tests/test_admission.py
     tests/test_reliability.py tests/test_faults.py tests/test_decisions.py
     tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py
     tests/test_neighbours.py tests/test_planning_bounds.py tests/test_structured_outputs.py

@@ -10,11 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("vllm_pcd", "kernels")
+# Import package -> its folder (the projection code lives in kernels/, imported as
+# vllm_pcd_kernels so that Hugging Face's `kernels` keeps its name).
+PACKAGES = {"vllm_pcd": ROOT / "vllm_pcd",
+            "vllm_pcd_kernels": ROOT / "kernels" / "vllm_pcd_kernels"}
 # Lower floors never import higher ones. Within a floor, modules may import each other
 # (without circles).
 FLOORS = (
-    ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.launch", "kernels"),
+    ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.launch",
+     "vllm_pcd_kernels"),
     ("vllm_pcd.internals",),
     ("vllm_pcd.engine",),
     ("vllm_pcd.pipeline",),
@@ -26,12 +30,12 @@ CORE_THIRD_PARTY = {"jsonschema"}
 VERSION_LITERAL = re.compile(r"\b0\.(24|32)\.\d")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(pkg: str, path: Path) -> str:
+    parts = (pkg, *path.relative_to(PACKAGES[pkg]).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+MODULES = {module_name(pkg, p): p for pkg, folder in PACKAGES.items() for p in folder.rglob("*.py")}
 
 
 def imports(path: Path) -> set[str]:

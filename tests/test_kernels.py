@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from kernels import HeadRows, head_for_projection, project, snapshot_rows
-from kernels.projection import gathered_matmul
+from vllm_pcd_kernels import HeadRows, head_for_projection, project, snapshot_rows
+from vllm_pcd_kernels.projection import gathered_matmul
 from tests.conftest import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -189,7 +189,7 @@ def test_tensor_parallel_shards_sum_to_the_whole_head():
     vocab, hidden = 256, 32
     weight, bias, h = torch.randn(vocab, hidden), torch.randn(vocab), torch.randn(3, hidden)
     allowed = torch.tensor([[0, 127, 128, 255], [5, 5, 200, 131], [130, 129, 128, 64]])
-    from kernels import project
+    from vllm_pcd_kernels import project
 
     whole = project(h, weight, allowed, bias, "torch").logits
     shards = []

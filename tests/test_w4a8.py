@@ -14,10 +14,10 @@ import types
 import pytest
 import torch
 
-from kernels import QuantizedHead, project, quantize_head, select_route
-from kernels import w4a8
-from kernels.quantized_head import pack_int4, unpack_int4
-from kernels.w4a8 import quantize_activations, quantize_w4, quantize_w8, w4a8_reference
+from vllm_pcd_kernels import QuantizedHead, project, quantize_head, select_route
+from vllm_pcd_kernels import w4a8
+from vllm_pcd_kernels.quantized_head import pack_int4, unpack_int4
+from vllm_pcd_kernels.w4a8 import quantize_activations, quantize_w4, quantize_w8, w4a8_reference
 from tests.conftest import run_interpreted
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -364,7 +364,7 @@ def test_real_flaggems_matches_reference(gen, monkeypatch, batch, hidden, k):
 
 @interpreted_only
 def test_triton_interpret_activations_exact(gen):
-    from kernels.triton_w4a8 import quantize_activations_triton
+    from vllm_pcd_kernels.triton_w4a8 import quantize_activations_triton
     rows = [row(1.0, -0.5, size=640), row(size=640), row(0.5, 0.25, size=640),
             row(200.0, -55.0, 2.5, -2.5, size=640), row(-0.5, 0.5, 0.25, size=640),
             torch.randn(4, 640, generator=gen), -torch.rand(1, 640, generator=gen)]

@@ -3,10 +3,11 @@
 A token-mode branch reads the log-probabilities of a few option tokens, renormalised over
 exactly those tokens, so the full-vocabulary projection of its row is wasted work. A request
 tagged with allowed ids (`Tags.allowed`) gets, at every position it samples, logits
-h · W[ids]ᵀ (+ bias[ids], then the processor's soft cap and scale) from `kernels.project`,
-written into a float32 row that is -inf everywhere else. vLLM's log-softmax over that row is
-the distribution renormalised over the ids, which is what PCD reports anyway, and a greedy
-sample is one of them. Untagged rows of the same batch go through the stock head.
+h · W[ids]ᵀ (+ bias[ids], then the processor's soft cap and scale) from
+`vllm_pcd_kernels.project`, written into a float32 row that is -inf everywhere else. vLLM's
+log-softmax over that row is the distribution renormalised over the ids, which is what PCD
+reports anyway, and a greedy sample is one of them. Untagged rows of the same batch go
+through the stock head.
 
 Rows are the V1 model runner's sample positions: one per request of its input batch, in
 order, without speculative decoding. The runner is known to the logits processor only while
@@ -14,8 +15,8 @@ it executes a step, so prompt log-probabilities and dummy runs keep the stock he
 Runner V2, LoRA, speculative decoding, a vocabulary-parallel or quantized head, and
 logits-as-input models keep it too, with a warning. `PCD_RESTRICTED_HEAD=0` turns it off.
 
-The projection's arithmetic follows the host (`kernels.select_route`: dense, or on a FlagOS
-Arm host what its quantized head computes), unless `--additional-config
+The projection's arithmetic follows the host (`vllm_pcd_kernels.select_route`: dense, or on a
+FlagOS Arm host what its quantized head computes), unless `--additional-config
 '{"pcd": {"projection": "dense|w8a8|w4a8"}}'` or env PCD_PROJECTION chooses. The route is
 chosen and logged when the model loads, so FLAGGEMS_ARM_Q4_STRICT=1 fails start-up, not a step.
 """
@@ -135,7 +136,7 @@ def configured_route(vllm_config: Any) -> str | None:
 @functools.cache
 def projection_route(device: torch.device, scheme: str | None = None) -> str:
     """The route for this device and choice, logged once: the start-up coverage line."""
-    from kernels import ROUTES, select_route
+    from vllm_pcd_kernels import ROUTES, select_route
 
     route = select_route(device, scheme)
     logger.info("PCD restricted LM head: route %s (%s arithmetic) on %s", route, ROUTES[route],
@@ -150,7 +151,7 @@ def _allowed_values(lm_head: Any, hidden: torch.Tensor, allowed: torch.Tensor,
     the others, and a sum over the ranks gives every value exactly (each id is owned once).
     No full-vocabulary log-sum-exp is needed: restricted rows are renormalised over their
     allowed ids, which is what PCD reports."""
-    from kernels import project
+    from vllm_pcd_kernels import project
 
     if getattr(lm_head, "tp_size", 1) == 1:
         result = project(hidden, lm_head.weight, allowed, bias, route)
@@ -164,7 +165,7 @@ def _allowed_values(lm_head: Any, hidden: torch.Tensor, allowed: torch.Tensor,
 def shard_values(lm_head: Any, hidden: torch.Tensor, allowed: torch.Tensor,
                  bias: torch.Tensor | None, route: str) -> tuple[torch.Tensor, str]:
     """This rank's share of the allowed logits: its own ids projected, 0 elsewhere."""
-    from kernels import project
+    from vllm_pcd_kernels import project
 
     shard = lm_head.shard_indices
     owned = (allowed >= shard.org_vocab_start_index) & (allowed < shard.org_vocab_end_index)

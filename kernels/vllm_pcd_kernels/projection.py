@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-import kernels.w4a8 as w4a8
+import vllm_pcd_kernels.w4a8 as w4a8
 
 SCHEMES = ("dense", "w8a8", "w4a8")
 ROUTES = {  # a route a caller may ask for -> the arithmetic it computes
@@ -92,8 +92,8 @@ def _require_weight(weight: Tensor) -> None:
     if weight.numel() == 0:
         raise ValueError(
             "lm_head.weight is empty (FlagOS released it: FLAGGEMS_RELEASE_BF16_LM_HEAD=1); "
-            "pass a QuantizedHead (kernels.quantize_head) or a HeadRows snapshot "
-            "(kernels.snapshot_rows) taken before the release")
+            "pass a QuantizedHead (vllm_pcd_kernels.quantize_head) or a HeadRows snapshot "
+            "(vllm_pcd_kernels.snapshot_rows) taken before the release")
 
 
 def _check_range(ids: Tensor, vocab: int) -> None:
@@ -227,7 +227,7 @@ def project(hidden: Tensor, weight, allowed: Tensor, bias: Tensor | None = None,
         if route == "torch":
             logits = gathered_matmul(hidden, table, rows)
         else:
-            from kernels.triton_projection import gathered_projection
+            from vllm_pcd_kernels.triton_projection import gathered_projection
             logits = gathered_projection(hidden, table, rows)
     else:
         logits = w4a8.project_quantized(hidden, table, rows, route)

@@ -1,7 +1,7 @@
 """The quantized LM-head rows the W4A8/W8 routes read, and their int4 packing.
 
-Shared by the torch reference (`kernels.w4a8`) and the Triton kernels (`kernels.triton_w4a8`),
-so neither imports the other.
+Shared by the torch reference (`vllm_pcd_kernels.w4a8`) and the Triton kernels
+(`vllm_pcd_kernels.triton_w4a8`), so neither imports the other.
 """
 
 from __future__ import annotations

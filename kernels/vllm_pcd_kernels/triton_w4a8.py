@@ -1,4 +1,4 @@
-"""The W4A8-G128 arithmetic of kernels/w4a8.py in two Triton kernels.
+"""The W4A8-G128 arithmetic of kernels/vllm_pcd_kernels/w4a8.py in two Triton kernels.
 
 1. `_quantize_rows_kernel`: per token asymmetric int8 (one program per row).
 2. `_w4a8_kernel`: one program per (row, block of allowed ids); per group of 128 the exact
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.quantized_head import GROUP, QuantizedHead
+from vllm_pcd_kernels.quantized_head import GROUP, QuantizedHead
 
 
 @triton.jit
@@ -89,7 +89,7 @@ def _w4a8_kernel(q_ptr, zero_ptr, a_scale_ptr, codes_ptr, w_scale_ptr, ids_ptr, 
 
 
 def quantize_activations_triton(hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Same contract as kernels.w4a8.quantize_activations."""
+    """Same contract as vllm_pcd_kernels.w4a8.quantize_activations."""
     x = hidden.to(torch.bfloat16).contiguous()
     batch, h = x.shape
     q = torch.empty(batch, h, dtype=torch.int8, device=x.device)

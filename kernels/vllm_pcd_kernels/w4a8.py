@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.quantized_head import GROUP, QuantizedHead, pack_int4
+from vllm_pcd_kernels.quantized_head import GROUP, QuantizedHead, pack_int4
 
 def round_half_away(x: Tensor) -> Tensor:
     """C roundf, exactly: the fraction x - trunc(x) is exact in floating point."""
@@ -142,7 +142,7 @@ def project_quantized(hidden: Tensor, table: Tensor | QuantizedHead, allowed: Te
     if route == "w4a8-flaggems":
         packed = OPTION_SETS.get(table, key + ("flaggems",), lambda: flaggems_pack(rows))
         return _pick(flaggems_linear(hidden, packed, rows), local)
-    from kernels.triton_w4a8 import w4a8_triton
+    from vllm_pcd_kernels.triton_w4a8 import w4a8_triton
     return w4a8_triton(hidden, rows, local)
 
 
