@@ -43,6 +43,7 @@ def test_cache_hits_are_not_revealed_without_prompt_tokens_details(http):
         body = pcd(http)
         tokens = body["pcd"]["tokens"]
         assert "computed" not in tokens and "context_cached" not in tokens
+        assert set(body["pcd"]["timings"]) == {"plan_s"}  # a cached context runs faster
         assert tokens["ideal"] == tokens["shared"] + tokens["branch"]
         assert "prompt_tokens_details" not in body["usage"] or \
             body["usage"]["prompt_tokens_details"] is None
@@ -54,7 +55,7 @@ def test_cache_hits_are_not_revealed_without_prompt_tokens_details(http):
     decided = http.post("/v1/decisions", json={**DECISIONS, "model": http.model}).json()
     assert decided["usage"]["input_tokens_details"]["cached_tokens"] == 0
     one = http.post("/v1/systemone", json={**SYSTEMONE, "model": http.model}).json()
-    assert "computed" not in one["pcd"]["tokens"]
+    assert "computed" not in one["pcd"]["tokens"] and set(one["pcd"]["timings"]) == {"plan_s"}
 
 
 def test_the_token_in_route_cannot_reach_the_engine_channel(http):

@@ -23,6 +23,7 @@ from vllm.logger import init_logger
 from vllm_pcd import internals
 from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
 from vllm_pcd.core.conditioning import Answered, read_values
+from vllm_pcd.core.config import pcd_config
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
@@ -44,8 +45,7 @@ def profiles_of(vllm_config: Any) -> ProfileBook:
     paths) that were fitted on the model it serves; the others are left out, with a log
     line. A file that cannot be read as profiles stops the start: serving uncalibrated
     where an operator asked for calibration would go unnoticed."""
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    paths = (extra.get("pcd") or {}).get(PROFILES_KEY) if isinstance(extra, dict) else None
+    paths = pcd_config(getattr(vllm_config, "additional_config", None)).get(PROFILES_KEY)
     if not paths:
         return ProfileBook()
     paths = [paths] if isinstance(paths, str) else list(paths)

@@ -71,11 +71,13 @@ class PCDResult:
 
     def diagnostics(self, reveal_cache: bool = True) -> dict[str, Any]:
         """`reveal_cache` False leaves out what tells a cache hit (tokens computed, context
-        and prior cached), as vLLM does without --enable-prompt-tokens-details."""
+        and prior cached, and the engine's measured times, which a cached context shortens),
+        as vLLM does without --enable-prompt-tokens-details."""
         diagnostics = self._diagnostics()
         if not reveal_cache:
             for key in ("computed", "context_cached"):
                 diagnostics["tokens"].pop(key)
+            diagnostics["timings"] = {"plan_s": diagnostics["timings"]["plan_s"]}
             for key in ("prior_cached", "prior_tokens_computed"):
                 (diagnostics["calibration"] or {}).pop(key, None)
         return diagnostics

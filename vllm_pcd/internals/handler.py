@@ -31,8 +31,8 @@ STRAY_SCHEMA = ("chat_template_kwargs.pcd_schema is answered by vllm-pcd on /v1/
                 "(also through /invocations and vllm run-batch) and on the offline "
                 "vllm_pcd.constrained API; this entry point cannot carry it")
 
-# (handler, request) -> (HTTP status, OpenAI body), or None: not PCD's request.
-Answer = Callable[[Any, Any], Awaitable[tuple[int, dict[str, Any]] | None]]
+# (handler, request, HTTP request or None) -> (HTTP status, OpenAI body), or None: not PCD's.
+Answer = Callable[[Any, Any, Any], Awaitable[tuple[int, dict[str, Any]] | None]]
 
 
 def install_chat_hook(answer: Answer) -> None:
@@ -67,7 +67,7 @@ def _install(module_name: str, class_name: str, method: str, response_type: str,
 
     @functools.wraps(stock)
     async def answered_first(self: Any, request: Any, raw_request: Any = None) -> Any:
-        answered = await answer(self, request)
+        answered = await answer(self, request, raw_request)
         if answered is None:
             return await stock(self, request, raw_request)
         status, body = answered

@@ -46,12 +46,19 @@ def _refuse_unsupported(request: ChatCompletionRequest) -> None:
                           rule="unsupported_option")
 
 
-async def answer_chat(service: PCDService, handler: Any, request: ChatCompletionRequest
-                      ) -> tuple[int, dict[str, Any]] | None:
+async def answer_chat(service: PCDService, handler: Any, request: ChatCompletionRequest,
+                      raw_request: Any = None) -> tuple[int, dict[str, Any]] | None:
     """vLLM's chat handler asks this first: PCD's answer as (HTTP status, OpenAI body), or
-    None for a request that is not PCD's (a structured-output request may be: `structured`)."""
+    None for a request that is not PCD's (a structured-output request may be: `structured`).
+    Without the server's API key (a door vLLM leaves open, `/invocations`), a PCD body gets
+    the 401 `/v1` gives, and a structured-output body vLLM's own answer."""
     if not is_pcd_request(request):
+        if not service.api_keys.admit(raw_request):
+            return None
         return await answer_structured(service, request)
+    if not service.api_keys.admit(raw_request):
+        return HTTPStatus.UNAUTHORIZED.value, ErrorAnswer(
+            HTTPStatus.UNAUTHORIZED, "Unauthorized", kind="AuthenticationError").body()
     mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
     mode = mode if mode in MODES else "invalid"
     try:
@@ -72,7 +79,8 @@ async def _answer(service: PCDService, request: ChatCompletionRequest, mode_labe
     try:
         _refuse_unsupported(request)
         options = Options.from_template_kwargs(kwargs)
-        spec = parse_schema(kwargs.pop("pcd_schema", None), service.limits)
+        spec = await service.checked(parse_schema, kwargs.pop("pcd_schema", None),
+                                     service.limits)
         messages = plain_messages(request)
         chat_template = service.chat_template(request)
     except SchemaError as err:

@@ -88,7 +88,7 @@ async def _decide(raw_request: Request, model: str | None,
         if len(questions) > service.limits.max_fields:
             raise SchemaError(f"questions: at most {service.limits.max_fields} for this model",
                               param="questions", rule="max_fields")
-        spec = parse_schema(to_schema(questions), service.limits)
+        spec = await service.checked(parse_schema, to_schema(questions), service.limits)
     except SchemaError as err:
         return _bad_request(err)
     result = await service.run(messages, spec, options, kwargs,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 import uuid
 from argparse import Namespace
@@ -27,12 +26,13 @@ from starlette.datastructures import State
 from starlette.middleware import Middleware
 
 from vllm_pcd import internals
+from vllm_pcd.core.config import pcd_config
 from vllm_pcd.core.options import Options
 from vllm_pcd.core.schema import Limits, parse_schema
 from vllm_pcd.internals import handler
 from vllm_pcd.pipeline import Call, answer_online
 from vllm_pcd.serving import chat, decision_routes, responses
-from vllm_pcd.serving.guard import RequestGuard
+from vllm_pcd.serving.guard import ApiKeys, RequestGuard
 from vllm_pcd.serving.service import PCDService, logger, profile_advice
 
 
@@ -59,19 +59,17 @@ class PCDEndpointPlugin:
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         if engine_client is None or not internals.active():
             return
-        config = _pcd_config(args)
+        config = pcd_config(getattr(args, "additional_config", None))
         limits = Limits.from_mapping(config.get("limits"))
         max_model_len = state.vllm_config.model_config.max_model_len
         if limits.max_prompt_tokens >= max_model_len:  # leave room for the one output token
             limits = dataclasses.replace(limits, max_prompt_tokens=max_model_len - 1)
         if (advice := profile_advice(state.vllm_config, limits)) is not None:
             logger.warning("vllm-pcd runs slowly with these serving flags: %s", advice)
-        structured = config.get("structured_outputs", False)
-        if not isinstance(structured, bool):
-            raise ValueError("additional_config.pcd.structured_outputs must be true or false")
-        state.pcd = PCDService(engine_client, state, limits, structured_outputs=structured,
+        state.pcd = PCDService(engine_client, state, limits,
+                               structured_outputs=config.get("structured_outputs", False),
                                reasoning=bool(getattr(args, "reasoning_parser", None)),
-                               queue_calls=_batch_runner(args))
+                               queue_calls=_batch_runner(args), api_keys=ApiKeys(args))
         handler.install_chat_hook(functools.partial(chat.answer_chat, state.pcd))
         handler.install_responses_hook(functools.partial(responses.answer_responses, state.pcd))
         if state.pcd.unavailable is not None:
@@ -85,17 +83,6 @@ def _batch_runner(args: Namespace) -> bool:
     """Whether this is `vllm run-batch`: the only entry point with an input file (it calls the
     API server's `init_app_state` itself, so only its command line tells)."""
     return getattr(args, "input_file", None) is not None
-
-
-def _pcd_config(args: Namespace) -> dict[str, Any]:
-    """`--additional-config '{"pcd": {"limits": {...}, "structured_outputs": true}}'`."""
-    extra = getattr(args, "additional_config", None) or {}
-    if isinstance(extra, str):
-        extra = json.loads(extra)
-    config = extra.get("pcd", {})
-    if not isinstance(config, dict):
-        raise ValueError("additional_config.pcd must be an object")
-    return config
 
 
 async def _warm_up(service: PCDService) -> None:

@@ -12,7 +12,10 @@ that a route lets escape is answered here with the same 400.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
 from typing import Any, Awaitable, Callable
 
 RESERVED_PREFIX = "pcd"
@@ -96,3 +99,28 @@ class RequestGuard:
             if refused is None or started:
                 raise
         return await _answer_400(send, refusal(*refused))
+
+
+class ApiKeys:
+    """The server's API keys (`--api-key`, else `VLLM_API_KEY`), checked as vLLM's own
+    middleware checks them. vLLM guards only its `/v1`-style paths, so SageMaker's
+    `/invocations` answers without a key; PCD's answers there must not: a PCD body needs the
+    key on every door."""
+
+    def __init__(self, args: Any) -> None:
+        keys = getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]
+        keys = [keys] if isinstance(keys, str) else keys
+        self._hashes = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys if k]
+
+    def admit(self, raw_request: Any) -> bool:
+        """Whether the HTTP request (None: no HTTP, as in `vllm run-batch`) may be answered."""
+        if not self._hashes or raw_request is None:
+            return True
+        scheme, _, token = (raw_request.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        found = False
+        for known in self._hashes:
+            found |= secrets.compare_digest(digest, known)
+        return found

@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm.outputs import CompletionOutput, RequestOutput
 
+from vllm_pcd.core.config import pcd_config
 from vllm_pcd.core.schema import Limits, SchemaError
 from vllm_pcd.pipeline import constrained
 from vllm_pcd.serving.structured import (Constraint, constraint_of, own_choice, reply_text,
@@ -33,13 +34,15 @@ _CALL_NEUTRAL = {"lora_request": None, "chat_template": None, "tools": None,
                  "mm_processor_kwargs": None}
 
 
+def _config(llm: Any) -> dict[str, Any]:
+    """The engine's `additional_config.pcd`, checked as a server checks it."""
+    return pcd_config(llm.llm_engine.vllm_config.additional_config)
+
+
 def _opted_in(llm: Any, kwargs: dict[str, Any]) -> bool:
     """The call's own choice (taken out of its template kwargs), else the engine's option."""
     own = own_choice(kwargs)
-    if own is not None:
-        return own
-    extra = llm.llm_engine.vllm_config.additional_config or {}
-    return (extra.get("pcd") or {}).get("structured_outputs", False) is True
+    return _config(llm).get("structured_outputs", False) if own is None else own
 
 
 def _conversations(messages: Any) -> list[list[dict[str, str]]] | None:
@@ -58,7 +61,7 @@ def _conversations(messages: Any) -> list[list[dict[str, str]]] | None:
     return out
 
 
-def _constraint(sampling: Any) -> Constraint | None:
+def _constraint(sampling: Any, limits: Limits) -> Constraint | None:
     """The call's finite-choice constraint, or None where its sampling asks more of vLLM."""
     if sampling is None or isinstance(sampling, (list, tuple)) \
             or any(getattr(sampling, k, None) not in v for k, v in _NEUTRAL.items()):
@@ -66,7 +69,7 @@ def _constraint(sampling: Any) -> Constraint | None:
     params = getattr(sampling, "structured_outputs", None)
     if params is None:
         return None
-    return constraint_of(*requested(params, {}, None, None), Limits())
+    return constraint_of(*requested(params, {}, None, None), limits)
 
 
 def answer_offline_chat(llm: Any, arguments: dict[str, Any]) -> list[RequestOutput] | None:
@@ -78,13 +81,14 @@ def answer_offline_chat(llm: Any, arguments: dict[str, Any]) -> list[RequestOutp
     if kwargs.get("enable_thinking") is True:
         return None  # the model would think before its constrained answer
     sampling = arguments.get("sampling_params")
-    constraint = _constraint(sampling)
+    limits = Limits.from_mapping(_config(llm).get("limits"))  # the operator's, as a server's
+    constraint = _constraint(sampling, limits)
     conversations = _conversations(arguments["messages"]) if constraint is not None else None
     if conversations is None:
         return None
     try:
         results = constrained(llm, conversations, constraint.schema, constraint.options,
-                              template_kwargs=kwargs)
+                              limits=limits, template_kwargs=kwargs)
     except SchemaError:
         return None  # a PCD limit: vLLM's path may still answer it
     tokenizer = llm.get_tokenizer()

@@ -21,7 +21,8 @@ from vllm.entrypoints.openai.responses.protocol import ResponsesResponse
 from vllm_pcd.core.schema import SchemaError
 from vllm_pcd.serving.service import PCDService
 from vllm_pcd.serving.structured import (Answered, answer_value, constraint_of, handed_to_vllm,
-                                         opt_in_refusal, opted_in, requested)
+                                         legacy_refusal, opt_in_refusal, opted_in, requested,
+                                         sampling_refusal)
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _ROLES = ("system", "developer", "user", "assistant")
@@ -69,30 +70,38 @@ def _format(request: Any) -> tuple[str | None, Any]:
     return getattr(fmt, "type", None), getattr(fmt, "schema_", None)
 
 
-async def answer_responses(service: PCDService, handler: Any, request: Any
-                           ) -> tuple[int, dict[str, Any]] | None:
+async def answer_responses(service: PCDService, handler: Any, request: Any,
+                           raw_request: Any = None) -> tuple[int, dict[str, Any]] | None:
     """PCD's answer to a Responses request as (HTTP status, response body), or None for
     vLLM's own path."""
     try:
-        if not opted_in(service, request) or service.refusal(request.model) is not None:
+        if not opted_in(service, request) or service.refusal(request.model) is not None \
+                or not service.api_keys.admit(raw_request):
             return None
         kwargs = service.template_kwargs(request.chat_template_kwargs)
         if _stock_only(handler, request) or handed_to_vllm(request, service, kwargs):
-            return None
+            return legacy_refusal(request)
         extra = getattr(request, "model_extra", None) or {}
-        constraint = constraint_of(*requested(request.structured_outputs, extra,
-                                              *_format(request)), service.limits)
+        constraint = await service.checked(
+            constraint_of, *requested(request.structured_outputs, extra, *_format(request)),
+            service.limits)
         messages = input_messages(request) if constraint is not None else None
         if messages is None:
-            return None
+            return legacy_refusal(request)
     except SchemaError as err:
         return opt_in_refusal(err)
-    request_id = getattr(request, "request_id", None) or f"resp_pcd_{uuid.uuid4().hex}"
+    defaults = getattr(handler, "default_sampling_params", None)
+    if (refused := sampling_refusal(lambda: request.to_sampling_params(1, defaults))):
+        return refused.status.value, refused.body()
+    # The engine's ids are PCD's own: a client's `request_id` names only the response, so no
+    # two calls share admission groups or gates, and no client can abort another's requests.
+    request_id = f"resp_pcd_{uuid.uuid4().hex}"
     answered = await answer_value(service, request, constraint, messages, kwargs,
                                   getattr(handler, "chat_template", None),
                                   request.max_output_tokens, request_id)
     if not isinstance(answered, Answered):
-        return None if answered is None else (answered.status.value, answered.body())
+        return legacy_refusal(request) if answered is None \
+            else (answered.status.value, answered.body())
     return 200, _response(handler, request, answered)
 
 

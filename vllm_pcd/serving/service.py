@@ -26,6 +26,7 @@ from vllm_pcd.internals.lm_head import configured_route
 from vllm_pcd.pipeline import PLANNER, Call, Online, Overloaded, answer_online, profiles_of
 from vllm_pcd.serving import metrics
 from vllm_pcd.serving.errors import ErrorAnswer, client_fault, fault_message
+from vllm_pcd.serving.guard import ApiKeys
 
 logger = init_logger("vllm.pcd.server")
 
@@ -78,8 +79,9 @@ class PCDService:
 
     def __init__(self, engine: Any, state: Any, limits: Limits, *,
                  structured_outputs: bool = False, reasoning: bool = False,
-                 queue_calls: bool = False):
+                 queue_calls: bool = False, api_keys: ApiKeys | None = None):
         self.engine = engine
+        self.api_keys = api_keys or ApiKeys(None)
         self.state = state
         self.limits = limits
         # answer vLLM's structured-output requests by default (`structured`)
@@ -150,6 +152,13 @@ class PCDService:
             return ErrorAnswer(HTTPStatus.NOT_IMPLEMENTED, f"PCD is off on this server: "
                                f"{self.unavailable}", kind="NotImplementedError")
         return self.model_error(model)
+
+    async def checked(self, check: Any, *args: Any) -> Any:
+        """A request check whose cost grows with the body (a schema's parse) runs on PCD's
+        planning thread, never on the event loop, within the call's time bound: `/health`
+        and every other request go on meanwhile."""
+        async with asyncio.timeout(self.limits.max_request_seconds):
+            return await PLANNER.run(check, *args)
 
     async def count_tokens(self, text: str) -> int:
         """Tokens `text` takes, counted on PCD's own planning thread and tokenizer."""

@@ -14,6 +14,7 @@ goes to vLLM's own path untouched.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from vllm_pcd.core.options import Options
 from vllm_pcd.core.plan import raw_prefixes
 from vllm_pcd.core.sampling import draw_values
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema, shown
-from vllm_pcd.serving.errors import ErrorAnswer
+from vllm_pcd.serving.errors import ErrorAnswer, client_fault
 from vllm_pcd.serving.openai_shapes import completion, plain_messages
 from vllm_pcd.serving.service import PCDService
 
@@ -87,14 +88,15 @@ def constraint_of(choice: Any, schema: Any, limits: Limits) -> Constraint | None
     PCD cannot answer it exactly."""
     try:
         if choice is not None:
-            if not isinstance(choice, list) or not choice or raw_prefixes(
-                    [c for c in choice if isinstance(c, str)]):
-                return None  # nothing after the reply would tell one choice from another
+            if not isinstance(choice, list) or not choice:
+                return None
             schema = {"type": "object", "additionalProperties": False,
                       "required": [CHOICE_FIELD],
                       "properties": {CHOICE_FIELD: {"type": "string", "enum": choice}}}
-            return Constraint(schema, parse_schema(schema, limits),
-                              Options(formulation="choice", layout="bare"), True)
+            spec = parse_schema(schema, limits)  # measured and bounded before the next check
+            if raw_prefixes([o for o in spec.fields[0].options if isinstance(o, str)]):
+                return None  # nothing after the reply would tell one choice from another
+            return Constraint(schema, spec, Options(formulation="choice", layout="bare"), True)
         if isinstance(schema, dict):
             spec = parse_schema(schema, limits)
             if any(f.member for f in spec.fields):
@@ -155,6 +157,45 @@ def sampling_of(service: PCDService, request: Any) -> tuple[float, float, int | 
     return float(temperature), float(top_p), request.seed
 
 
+def sampling_refusal(make_params: Any) -> ErrorAnswer | None:
+    """vLLM's own validation of the request's sampling options (`make_params` builds its
+    SamplingParams), at the door before any work: what stock vLLM refuses, PCD refuses
+    with the same 400."""
+    try:
+        make_params()
+    except ValueError as err:
+        return client_fault(err) or ErrorAnswer(HTTPStatus.BAD_REQUEST, shown(str(err)),
+                                                getattr(err, "parameter", None))
+    return None
+
+
+LEGACY_KEYS = {"guided_choice": "structured_outputs.choice", "guided_json": "response_format"}
+
+
+def legacy_refusal(request: Any) -> tuple[int, dict[str, Any]] | None:
+    """A 400 for a legacy `guided_*` body that PCD hands to vLLM, which no longer reads those
+    keys and would answer it unconstrained: the same body is then constrained on every path
+    or refused, never free text depending on load. None for any other body."""
+    used = [k for k in LEGACY_KEYS if k in (getattr(request, "model_extra", None) or {})]
+    if not used:
+        return None
+    return 400, ErrorAnswer(
+        HTTPStatus.BAD_REQUEST, f"{used[0]} is answered only where vllm-pcd scores it (a finite "
+        "choice, no stream, log-probabilities or other grammar-only option, within PCD's "
+        f"limits); this vLLM ignores {used[0]} otherwise: send {LEGACY_KEYS[used[0]]}",
+        used[0]).body()
+
+
+def shortest_reply(constraint: Constraint, encode: Any) -> int:
+    """Tokens of the shortest reply PCD could write (each field's fewest-token value): a
+    token limit below it goes to vLLM's path before any engine work."""
+    if constraint.choice:
+        return min(len(encode(choice)) for choice in constraint.spec.fields[0].options)
+    values = [min(f.options, key=lambda v: len(encode(json.dumps(v, ensure_ascii=False))))
+              for f in constraint.spec.fields]
+    return len(encode(to_json(object_of(constraint.spec, values))))
+
+
 def reply_text(constraint: Constraint, fields: Any, temperature: float, top_p: float,
                seed: int | None) -> str:
     """The reply as vLLM's path writes it: the drawn choice's text, or the compact object."""
@@ -178,6 +219,10 @@ async def answer_value(service: PCDService, request: Any, constraint: Constraint
     """PCD's value for a structured-output request, drawn as vLLM's path would sample; None
     where vLLM's path should answer after all (a PCD limit or a full planning queue, or a
     value longer than `limit` tokens, which vLLM's path stops at with `length`)."""
+    if limit is not None and limit <= await service.checked(
+            shortest_reply, constraint, functools.partial(service.tokenizer.encode,
+                                                          add_special_tokens=False)):
+        return None  # no reply fits: decided before any engine work
     result = await service.run(messages, constraint.spec, constraint.options, kwargs,
                                chat_template=chat_template, cache_salt=request.cache_salt,
                                request_id=request_id, mode_label="structured")
@@ -207,18 +252,22 @@ async def answer_structured(service: PCDService, request: Any
         if not opted_in(service, request) or service.refusal(request.model) is not None:
             return None
         kwargs = service.template_kwargs(request.chat_template_kwargs)
-        constraint = chat_constraint(request, service, kwargs)
+        constraint = await service.checked(chat_constraint, request, service, kwargs)
         if constraint is None:
-            return None
+            return legacy_refusal(request)
         messages = plain_messages(request)
         chat_template = service.chat_template(request)
     except SchemaError as err:
         return opt_in_refusal(err)
+    defaults = getattr(service.serving_chat, "default_sampling_params", None) or {}
+    if (refused := sampling_refusal(lambda: request.to_sampling_params(1, defaults))):
+        return refused.status.value, refused.body()
     request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
     answered = await answer_value(service, request, constraint, messages, kwargs, chat_template,
                                   request.max_completion_tokens or request.max_tokens, request_id)
     if not isinstance(answered, Answered):
-        return None if answered is None else (answered.status.value, answered.body())
+        return legacy_refusal(request) if answered is None \
+            else (answered.status.value, answered.body())
     model = request.model or service.state.openai_serving_models.model_name()
     return 200, completion(request_id, model, answered.content, answered.diagnostics,
                            answered.decisions)
