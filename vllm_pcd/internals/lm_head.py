@@ -33,6 +33,7 @@ import torch
 from vllm.logger import init_logger
 
 from vllm_pcd.compat import require_methods
+from vllm_pcd.core.config import pcd_config
 from vllm_pcd.internals.tags import allowed_ids
 from vllm_pcd.internals.version import adapter
 
@@ -118,9 +119,7 @@ def tagged_rows(runner: Any, rows: int, vocab: int) -> tuple[list[int], list[lis
 
 def configured_scheme(vllm_config: Any) -> str | None:
     """additional_config.pcd.projection, or None: env PCD_PROJECTION, then the host decide."""
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    pcd = extra.get("pcd") if isinstance(extra, dict) else None
-    return pcd.get(CONFIG_KEY) if isinstance(pcd, dict) else None
+    return pcd_config(getattr(vllm_config, "additional_config", None)).get(CONFIG_KEY)
 
 
 def configured_route(vllm_config: Any) -> str | None:
