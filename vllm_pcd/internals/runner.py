@@ -1,10 +1,10 @@
 """PCD's engine runs the V1 model runner, the one its restricted LM head patches.
 
 vLLM 0.32 picks Model Runner V2 by default wherever Triton has a GPU driver, i.e. on every
-ordinary CUDA host, and V2 computes logits on its own path. Serving the restricted head there
-would mean a second adapter for a runner no machine here can run (without a GPU driver, vLLM
-refuses V2), so instead, when PCD is on and the user did not choose a runner, vLLM is asked for
-V1, which 0.32 still supports on GPUs, and the choice is logged once. A user who sets
+ordinary CUDA host, and V2 computes logits on its own path. PCD's restricted head patches V1
+only (V2 cannot run without a GPU driver, so a V2 adapter could not be tested on CPU), so when
+PCD is on and the user did not choose a runner, vLLM is asked for V1, which 0.32 still
+supports on GPUs, and the choice is logged once. A user who sets
 `VLLM_USE_V2_MODEL_RUNNER=1` keeps V2; PCD then answers with the full head, and every answer's
 `projection.fallbacks` says so. Features that need V2 (they override the variable in vLLM
 itself) keep it the same way.
