@@ -142,3 +142,11 @@ def test_an_operator_typo_in_the_pcd_configuration_refuses_the_start(extra, name
         pcd_config(extra)
     with pytest.raises(ValueError, match=named):
         pcd_config(json.dumps(extra))
+
+
+@pytest.mark.parametrize("part", [{"documents": [{"title": "policy", "text": "No refunds."}]},
+                                  {"return_token_ids": True}, {"logprobs": True},
+                                  {"prompt_logprobs": 1}, {"echo": True}])
+def test_what_pcd_cannot_honour_is_refused_not_dropped(http, part):
+    name = next(iter(part))
+    assert name in refused(post(http, pcd_body(http, SUPPORT_SCHEMA, **part)), name)

@@ -175,9 +175,25 @@ def test_a_seed_draws_the_same_value_from_pcds_distribution(api):
     again = ask(api, extra, temperature=1.5, seed=7)
     assert first.choices[0].message.content == again.choices[0].message.content
     assert pcd_of(first)["sampling"] == {"temperature": 1.5, "top_p": 1.0, "seed": 7}
-    drawn = {ask(api, extra, temperature=50.0, seed=s).choices[0].message.content
-             for s in range(12)}
-    assert len(drawn) > 1  # nearly uniform at a high temperature
+    drawn = {ask(api, extra, temperature=2.0, seed=s).choices[0].message.content
+             for s in range(24)}
+    assert len(drawn) > 1  # flatter at vLLM's highest temperature
+
+
+def test_sampling_options_stock_vllm_refuses_are_refused_alike(api):
+    """PCD validates the sampling options by vLLM's own rules, before any work."""
+    for temperature in (-1.0, 50.0):
+        outcomes = []
+        for own in (True, False):
+            extra = {"structured_outputs": {"choice": SENTIMENTS},
+                     "chat_template_kwargs": {"pcd_structured_outputs": own}}
+            try:
+                outcomes.append(pcd_of(ask(api, extra, temperature=temperature)) is not None)
+            except openai.BadRequestError as err:
+                outcomes.append(("400", "temperature" in str(err)))
+        pcd, stock = outcomes
+        if stock is not False:  # stock vLLM refused it: PCD refuses it alike
+            assert pcd == stock == ("400", True), (temperature, outcomes)
 
 
 def test_draws_follow_the_value_distribution():

@@ -23,8 +23,11 @@ from vllm_pcd.serving.openai_shapes import completion, plain_messages
 from vllm_pcd.serving.service import PCD_KEYS, PCDService
 from vllm_pcd.serving.structured import answer_structured
 
-# Chat-completion options that PCD cannot honour; refused rather than silently ignored.
-_UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None}
+# Chat-completion options that PCD cannot honour; refused rather than silently ignored (the
+# answer's diagnostics carry the scores, not token log-probabilities or token ids).
+_UNSUPPORTED = {"stream": True, "tools": None, "response_format": None, "structured_outputs": None,
+                "documents": None, "logprobs": None, "prompt_logprobs": None, "echo": None,
+                "return_token_ids": None, "return_tokens_as_token_ids": None}
 
 
 def is_pcd_request(request: ChatCompletionRequest) -> bool:
