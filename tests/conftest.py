@@ -135,6 +135,17 @@ def client(pcd_server):
     return openai.OpenAI(base_url=pcd_server + "/v1", api_key=API_KEY, max_retries=0)
 
 
+@pytest.fixture(scope="module")
+def http(pcd_server):
+    """An HTTP client of the shared server, with its API key and its model's name."""
+    import httpx
+
+    with httpx.Client(base_url=pcd_server, timeout=300,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as client:
+        client.model = client.get("/v1/models").json()["data"][0]["id"]
+        yield client
+
+
 def run_interpreted(test_file) -> None:
     """Run `test_file`'s interpreted Triton tests in a child where TRITON_INTERPRET=1 comes
     before `import triton` (it cannot be switched on in a process that imported it)."""

@@ -7,18 +7,11 @@ import math
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, MESSAGE
+from tests.conftest import MESSAGE
 from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
 from vllm_pcd.serving.decisions import systemone_request, to_schema
-
-
-@pytest.fixture(scope="module")
-def http(pcd_server):
-    with httpx.Client(base_url=pcd_server, timeout=300,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        yield client
 
 
 def systemone(http, body, **headers):

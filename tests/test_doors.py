@@ -8,22 +8,13 @@ import subprocess
 import threading
 import time
 
-import httpx
 import pytest
 
-from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
+from tests.conftest import MESSAGE, SUPPORT_SCHEMA
 from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.internals.handler import STRAY_SCHEMA
 
 MESSAGES = [{"role": "user", "content": MESSAGE}]
-
-
-@pytest.fixture(scope="module")
-def http(pcd_server):
-    with httpx.Client(base_url=pcd_server, timeout=300,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        client.model = client.get("/v1/models").json()["data"][0]["id"]
-        yield client
 
 
 def pcd_body(http, **extra):

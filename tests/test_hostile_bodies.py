@@ -9,18 +9,10 @@ import pytest
 
 from benchmarks.hostile_schemas import (SCHEMA_FAMILIES, closed, guided_choices, ref_fanout,
                                         surrogate_description)
-from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
+from tests.conftest import MESSAGE, SUPPORT_SCHEMA
 from vllm_pcd.core.config import pcd_config
 
 MESSAGES = [{"role": "user", "content": MESSAGE}]
-
-
-@pytest.fixture(scope="module")
-def http(pcd_server):
-    with httpx.Client(base_url=pcd_server, timeout=300,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        client.model = client.get("/v1/models").json()["data"][0]["id"]
-        yield client
 
 
 def post(http, body, path="/v1/chat/completions", **kwargs):
