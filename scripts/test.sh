@@ -14,7 +14,8 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   # input, the decision routes, every door, neighbours on a shared server, the planning bounds,
   # conditioned fields, vLLM's own structured-output idioms (chat and Responses API), offline
   # batches sized to the KV cache, the package's shape (its version adapters), the
-  # patch-target check, and the plugin beside Hugging Face's `kernels` and transformers.
+  # patch-target check, the plugin beside Hugging Face's `kernels` and transformers, and the
+  # cost of hostile schemas and bodies.
   default_tests="tests/test_architecture.py tests/test_host_packages.py tests/test_conditioned.py
     tests/test_server_e2e.py tests/test_fidelity.py tests/test_fork.py tests/test_lm_head.py
     tests/test_channel.py tests/test_admission.py
@@ -22,7 +23,7 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
     tests/test_decisions_e2e.py tests/test_doors.py tests/test_shared_server.py
     tests/test_neighbours.py tests/test_planning_bounds.py tests/test_structured_outputs.py
     tests/test_cow.py tests/test_responses_api.py tests/test_targets.py
-    tests/test_offline_batches.py"
+    tests/test_offline_batches.py tests/test_schema_cost.py tests/test_hostile_bodies.py"
 else
   venv=${PCD_VENV:-$repo/.venv}
   default_tests=tests

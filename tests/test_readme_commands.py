@@ -10,7 +10,6 @@ value it shows in a comment (`expr   # value`), the run must give that value. `v
 is run by tests/test_doors.py on the same kind of file the README's example writes.
 """
 
-import ast
 import json
 import os
 import re
