@@ -142,3 +142,10 @@ def test_an_operator_typo_in_the_pcd_configuration_refuses_the_start(extra, name
 def test_what_pcd_cannot_honour_is_refused_not_dropped(http, part):
     name = next(iter(part))
     assert name in refused(post(http, pcd_body(http, SUPPORT_SCHEMA, **part)), name)
+
+
+def test_batch_calibration_is_refused_on_a_single_call(http):
+    """A mean over one document is that document: the online door refuses it by name."""
+    body = pcd_body(http, SUPPORT_SCHEMA)
+    body["chat_template_kwargs"]["pcd_calibration"] = "batch"
+    refused(post(http, body), "pcd_calibration", "offline")

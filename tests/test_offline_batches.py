@@ -2,7 +2,10 @@
 batches whose blocks fit, so no branch finds its context evicted by the branches of the
 documents before it and computes it again."""
 
+import math
 from unittest import mock
+
+import pytest
 
 from benchmarks.bench_latency import synthetic_schema
 from benchmarks.bench_loaded_steps import tickets
@@ -81,3 +84,34 @@ def test_many_documents_fork_every_context_in_a_small_cache(fp32_llm, tokenizer)
 def test_one_batch_of_them_would_have_evicted_contexts(fp32_llm, tokenizer):
     """The control: the same load as one batch (as before batches were sized) recomputes."""
     assert sum(evicted(run_many(fp32_llm, tokenizer, False))) > 0
+
+
+def test_batch_calibration_divides_out_the_calls_own_mean(fp32_llm):
+    """`pcd_calibration: batch` offline: every document's scores minus the log of the call's
+    per-field mean probability, from the same engine outputs (no more engine work); fewer
+    documents than the estimate needs stay uncalibrated, and say so."""
+    from tests.conftest import SUPPORT_SCHEMA
+    from vllm_pcd.core.batch_calibration import MIN_DOCUMENTS
+
+    texts = [f"Ticket {k}: I was charged twice for order {k}; please refund it."
+             if k % 2 else f"Ticket {k}: the app crashes when I log in on my phone."
+             for k in range(MIN_DOCUMENTS)]
+    plain = constrained(fp32_llm, texts, SUPPORT_SCHEMA)
+    batch = constrained(fp32_llm, texts, SUPPORT_SCHEMA, calibration="batch")
+    assert all(r.calibration == {"method": "batch", "applied": True,
+                                 "documents": MIN_DOCUMENTS} for r in batch)
+    for name in SUPPORT_SCHEMA["properties"]:
+        index = [f.field.name for f in plain[0].fields].index(name)
+        width = len(plain[0].fields[index].scores)
+        mean = [math.log(sum(math.exp(r.fields[index].scores[k]) for r in plain) / len(plain))
+                for k in range(width)]
+        for p, b in zip(plain, batch):
+            shifted = [s - m for s, m in zip(p.fields[index].scores, mean)]
+            top = max(shifted)
+            norm = top + math.log(sum(math.exp(x - top) for x in shifted))
+            assert b.fields[index].scores == pytest.approx([x - norm for x in shifted],
+                                                           abs=1e-6)
+    few = constrained(fp32_llm, texts[:3], SUPPORT_SCHEMA, calibration="batch")
+    assert all(r.calibration["applied"] is False and r.calibration["needed"] == MIN_DOCUMENTS
+               for r in few)
+    assert [r.object for r in few] == [r.object for r in plain[:3]]

@@ -15,20 +15,21 @@ import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
+from vllm_pcd.core.batch_calibration import batch_prior, too_few
 from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
 from vllm_pcd.core.conditioning import Answered, read_values
 from vllm_pcd.core.config import pcd_config
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.options import KEYS, Options
 from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
-from vllm_pcd.core.schema import Limits, SchemaSpec, parse_schema
+from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.core.sequence import common_prefix
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
@@ -193,7 +194,8 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
     many = _is_many(documents)
     spec = parse_schema(schema, limits)
     route = configured_route(llm.llm_engine.vllm_config)
-    profile = profiles_of(llm.llm_engine.vllm_config).find(spec, options)
+    profile = None if options.calibration == "batch" \
+        else profiles_of(llm.llm_engine.vllm_config).find(spec, options)
 
     def plan_of(messages: list[dict[str, Any]], so_far: Answered = Answered()) -> Plan:
         return build_plan(llm.get_tokenizer(), spec, messages, options, limits, template_kwargs,
@@ -229,7 +231,19 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
         results += [finish(spec, call, plan_s, route, resolved.get(empty),
                            read_values(spec, options.joint, answered(call).values), profile)
                     for call, empty in zip(calls, empties)]
+    if options.calibration == "batch":
+        results = calibrated_by_batch(spec, results, route)
     return results if many else results[0]
+
+
+def calibrated_by_batch(spec: SchemaSpec, results: list[PCDResult], route: str | None
+                        ) -> list[PCDResult]:
+    """Every document's scores divided by the call's own per-field mean (`batch_calibration`);
+    a call of too few documents stays uncalibrated and says so."""
+    prior = batch_prior([r.fields for r in results])
+    if prior is None:
+        return [replace(r, calibration=too_few(len(results))) for r in results]
+    return [finish(spec, r.rounds, r.plan_s, route, prior) for r in results]
 
 
 def answered(rounds: Sequence[Round]) -> Answered:
@@ -268,6 +282,10 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
     """On a prior's cache miss its engine requests run beside the document's, in the same
     engine steps. Conditioned fields take later rounds, one after another."""
     limits = online.limits
+    if options.calibration == "batch":
+        raise SchemaError("pcd_calibration batch divides out the mean of a batch of documents: "
+                          "ask it of the offline API with a list of documents", param=KEYS[
+                              "calibration"], rule="calibration")
 
     def plan_of(conversation: list[dict[str, Any]], so_far: Answered = Answered()) -> Any:
         return PLANNER.plan(limits.max_queued_plans,

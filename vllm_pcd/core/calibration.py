@@ -70,6 +70,8 @@ class Prior:
     fields: tuple[FieldResult, ...]
     cached: bool
     tokens_computed: int
+    method: str = "content_free"  # or "batch": the mean over the call's documents
+    documents: int = 0  # what a batch prior was measured on
 
 
 @dataclass(frozen=True)

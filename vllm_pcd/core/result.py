@@ -129,7 +129,9 @@ def finish(schema: SchemaSpec, rounds: Sequence[Round], plan_s: float,
     if prior is not None:
         results = calibrate(results, prior.fields)
         calibration = {"method": "content_free", "prior_cached": prior.cached,
-                       "prior_tokens_computed": prior.tokens_computed}
+                       "prior_tokens_computed": prior.tokens_computed} \
+            if prior.method == "content_free" else {"method": prior.method, "applied": True,
+                                                    "documents": prior.documents}
     elif profile is not None:
         results = profile.apply(results)
         calibration = profile.diagnostics()

@@ -96,7 +96,7 @@ def sequence_field(field: FieldSpec, mode: str, sums: Sequence[float], tokens: S
                         paths, stepwise)
 
 
-CALIBRATIONS = ("none", "content_free")
+CALIBRATIONS = ("none", "content_free", "batch")
 
 
 def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
