@@ -2,7 +2,9 @@
 
     python -m benchmarks.evaluate --data bigbench:fact_checker/fever --limit 100
 
-Sources (see ../shared/data.md): `dev` (the hand-written set, tuned on), `bigbench:<task>`
+Sources (see ../shared/data.md): `sick`, `sick_multi`, `sms_spam` and `bbh:<task>`, read in
+place from the shared data folder (`shared_data`); `dev` (the hand-written set, tuned on),
+`bigbench:<task>`
 (any BIG-bench JSON task; a subtask as `<task>/<subtask>`), `rotten_tomatoes`, `bbc`, and
 multi-field cases built from them: `rotten_tomatoes_multi` (three reviews, one field each),
 `fever_multi` (three claims), `bbq_pairs` (one BBQ context, its two questions),
@@ -318,8 +320,14 @@ def load(source: str, limit: int | None = None, balanced: bool = False,
     of the first field as the rarest has (`metrics.label_balanced`). `exclude` leaves out
     every case that natural draws of those sizes hold: fresh cases for a new measurement
     beside runs that already looked at those."""
+    from benchmarks import shared_data  # reads public_data's builders
+
     if source.startswith("bigbench:"):
         cases = list(bigbench(source.split(":", 1)[1]))
+    elif source.startswith("bbh:"):
+        cases = list(shared_data.bbh(source.split(":", 1)[1]))
+    elif source in shared_data.SOURCES:
+        cases = list(shared_data.SOURCES[source]())
     elif source in SOURCES:
         cases = list(SOURCES[source]())
     else:

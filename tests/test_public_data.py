@@ -1,6 +1,8 @@
 """Evaluation cases built from public data, on synthetic task files: no test may depend on the
 downloaded data."""
 
+import json
+
 import pytest
 
 from benchmarks import public_data
@@ -122,3 +124,44 @@ def test_a_package_the_registry_no_longer_has_is_named_in_a_clear_error(monkeypa
     with pytest.raises(RuntimeError, match=r"bigbench==1\.0\.0 could not be downloaded.*"
                                            r"bigbench-1\.0\.0\.tar\.gz"):
         public_data.archive("bigbench")
+
+
+def _tiny_data(root):
+    """A data folder of the shared layout, a few rows each (no real data in tests)."""
+    (root / "sick2014").mkdir(parents=True)
+    (root / "sick2014" / "SICK_test_annotated.txt").write_text(
+        "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+        "1\tA man plays\tA person plays\t4.5\tENTAILMENT\n"
+        "2\tA dog runs\tNo dog runs\t3.1\tCONTRADICTION\n"
+        "3\tA cat sleeps\tA man cooks\t1.2\tNEUTRAL\n")
+    (root / "sms-spam").mkdir()
+    (root / "sms-spam" / "SMSSpamCollection").write_text(
+        'Label\tSMS\nham\tSee you at "noon"\nspam\tWIN a prize now! Call 0800\n')
+    (root / "bbh").mkdir()
+    (root / "bbh" / "mini.json").write_text(json.dumps({"examples": [
+        {"input": "Is it plausible?\nOptions:\n- Yes\n- No", "target": "No"},
+        {"input": "Pick one.\nOptions:\n(A) red\n(B) blue", "target": "(B)"},
+        {"input": "Pick again.\nOptions:\n(A) same\n(B) same", "target": "(A)"}]}))
+
+
+def test_shared_sets_are_read_in_place_as_user_cases(tmp_path, monkeypatch):
+    _tiny_data(tmp_path)
+    monkeypatch.setenv("PCD_DATA", str(tmp_path))
+    sick = public_data.load("sick")
+    assert [c["expected"]["relation"] for c in sick] == ["entailment", "contradiction",
+                                                         "neutral"]
+    assert sick[0]["message"] == "Sentence A: A man plays\nSentence B: A person plays"
+    spam = public_data.load("sms_spam")
+    assert [c["expected"]["is_spam"] for c in spam] == [False, True]
+    assert spam[0]["message"] == 'See you at "noon"'
+    bbh = public_data.load("bbh:mini")
+    assert [c["expected"]["answer"] for c in bbh] == [False, "blue"]  # duplicate options left out
+    assert bbh[0]["message"] == "Is it plausible?"
+    assert bbh[1]["schema"]["properties"]["answer"]["enum"] == ["red", "blue"]
+    assert len(public_data.load("sick_multi")[0]["expected"]) == 3
+
+
+def test_a_missing_data_folder_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PCD_DATA", str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="PCD_DATA"):
+        public_data.load("sick")
