@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import time
 from typing import Any
@@ -45,6 +47,18 @@ def measure(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def machine() -> str:
+    """The CPU, as the results' note names it."""
+    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown CPU")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
+    named = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return (f"{model} ({', '.join(named) or 'no AVX2'}), {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| family | size | body KB | parse or refusal ms | ms per KB | outcome |",
              "|---|---|---|---|---|---|"]
@@ -65,7 +79,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = measure(args.reps)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"machine": machine(), "rows": rows}, f, indent=2)
     print(table(rows))
     return rows
 

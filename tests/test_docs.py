@@ -152,3 +152,16 @@ def test_the_checks_catch_what_they_guard_against(tmp_path):
     assert missing_scripts("./scripts/vllm_dist_alias.py") == ["vllm_dist_alias.py"]  # not +x
     assert process_words("as of stop 41, see issue 26 (this session), at 1890126") == [
         "stop 41", "issue 26", "this session", "at 1890126"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_generated_figures_match_their_results_files(page):
+    """A table generated from a benchmark's results file (`benchmarks.figures`) is exactly
+    what that file renders: rerun the benchmark and `python -m benchmarks.figures`, never
+    edit the numbers by hand."""
+    from benchmarks import figures
+
+    for name, content in figures.blocks(_text(page)):
+        assert name in figures.TABLES, f"{_name(page)}: no results table named {name}"
+        assert content == figures.rendered(name), \
+            f"{_name(page)}: the {name} figures differ from docs/results/{name}.json"
