@@ -9,6 +9,11 @@ from vllm_pcd.models import default_model_path
 CPU_BLOCK_SIZE = 128
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vllm024: also runs on vLLM 0.24.0, the FlagOS hosts' "
+                            "version (PCD_VLLM=0.24.0 ./scripts/test.sh selects it)")
+
+
 def computed_tokens(plan):
     """What the engine computes for a token-mode plan, on every supported vLLM (the fork):
     the shared context once and each request's own tokens."""

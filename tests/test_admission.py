@@ -9,6 +9,8 @@ import pytest
 
 from vllm_pcd.internals import admission, tags
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 class FakeScheduler:
     """The slice of vLLM's Scheduler the admission patch wraps; requests scheduled finish in

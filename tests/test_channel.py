@@ -14,6 +14,8 @@ from vllm_pcd.engine import branch_params, prefill_params
 from vllm_pcd.serving.guard import RequestGuard, refused_part
 from vllm_pcd.internals import tags
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 def test_own_tags_round_trip_and_forgeries_fail():
     params = branch_params([3, 9], ("g-b0", 4), shared_len=130, restrict=True, fork_lengths=[140])

@@ -13,6 +13,8 @@ from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import SchemaError, parse_schema
 from vllm_pcd.core.scoring import log_softmax
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 AFTER = {"type": "object", "additionalProperties": False,
          "required": ["refund", "topic", "urgent"],
          "properties": {"refund": {"type": "boolean"},

@@ -10,6 +10,8 @@ import torch
 from vllm_pcd.internals.block_copy import block_view, copy_blocks
 from vllm_pcd.internals.v0_24.cow import ends_inside_block
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 NUM_BLOCKS = 6
 
 

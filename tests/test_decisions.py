@@ -11,6 +11,8 @@ from vllm_pcd.serving.decisions import (Read, check_cache_salt, decisions_reques
                                 systemone_request, systemone_response, to_schema)
 from vllm_pcd.core.schema import SchemaError, parse_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 SYSTEMONE = {
     "state": {"ticket": "My card was charged twice"},
     "instructions": "You triage support tickets.",

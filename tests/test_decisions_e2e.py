@@ -13,6 +13,8 @@ from vllm_pcd.compat import vllm_version
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
 from vllm_pcd.serving.decisions import systemone_request, to_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 def systemone(http, body, **headers):
     return http.post("/v1/systemone", json=body, headers=headers)

@@ -14,6 +14,8 @@ from tests.conftest import MESSAGE, SUPPORT_SCHEMA
 from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.internals.handler import STRAY_SCHEMA
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 MESSAGES = [{"role": "user", "content": MESSAGE}]
 
 

@@ -15,6 +15,8 @@ from benchmarks.bench_latency import synthetic_ticket
 from benchmarks.soak import engine_state, is_idle, metric_value, wait_until_idle
 from tests.conftest import API_KEY, MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, server_args
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = "/v1/chat/completions"
 # The limits' maximum, 32 fields of 8 values (256 candidates): in sequence mode the branches

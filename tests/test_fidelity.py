@@ -12,6 +12,8 @@ from vllm_pcd import constrained
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
 from vllm_pcd.serving.decisions import Read, systemone_answer, systemone_request, to_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 TOLERANCE = 1e-4
 
 

@@ -19,6 +19,8 @@ from vllm_pcd.pipeline import as_messages
 from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import Limits, parse_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 def scheduler(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler

@@ -12,6 +12,8 @@ from benchmarks.hostile_schemas import (SCHEMA_FAMILIES, closed, guided_choices,
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
 from vllm_pcd.core.config import pcd_config
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 MESSAGES = [{"role": "user", "content": MESSAGE}]
 
 

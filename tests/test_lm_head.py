@@ -19,6 +19,8 @@ from vllm_pcd.pipeline import as_messages
 from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import parse_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 # Restricted vs full projection, both FP32 in one engine. The stock CPU head (oneDNN) is itself
 # ~1.3e-5 from an FP64 projection on SmolLM2's logits (|logit| ~ 20), the gathered one ~5e-6,
 # so scores from the two may differ by ~2e-5 through summation order alone.

@@ -13,6 +13,8 @@ from vllm.inputs import TokensPrompt
 
 from tests.conftest import MESSAGE
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 NEIGHBOUR = "The capital of France is"
 
 

@@ -12,6 +12,8 @@ from benchmarks.bench_loaded_steps import tickets
 from vllm_pcd import constrained, pipeline
 from vllm_pcd.core.plan import Plan, Scoring
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 def plan(shared, *suffixes, leaves=False):
     """A plan of one field per request (only their number counts here)."""

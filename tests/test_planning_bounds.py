@@ -13,6 +13,8 @@ from vllm_pcd.core.prompt import render_text
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 from vllm_pcd.core.sequence import common_prefix
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 class Counting:
     """The tokenizer, counting the characters it is asked to encode."""

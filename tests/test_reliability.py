@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from benchmarks.soak import metric_value
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 MAX_ERROR_CHARS = 400
 BASE = SUPPORT_SCHEMA
 junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)

@@ -12,6 +12,8 @@ from pydantic import BaseModel
 
 from tests.conftest import API_KEY
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 REVIEW = "Review: I love this blender, it is the best purchase I made all year."
 SENTIMENTS = ["positive", "negative", "neutral"]  # distinct first tokens
 STOCK = {"chat_template_kwargs": {"pcd_structured_outputs": False}}

@@ -18,6 +18,8 @@ from vllm_pcd.core.cost import MAX_JSON_DEPTH, measure
 from vllm_pcd.core.plan import raw_prefixes
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 # Calls a parse may make: a few per byte of the body, plus a constant for expanding up to
 # max_candidates values and meta-checking up to 16 unused definitions. Measured at 0.05-1.9
 # per byte over every family.

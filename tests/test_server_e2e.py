@@ -15,6 +15,8 @@ from vllm_pcd.pipeline import as_messages
 from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import parse_schema
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
     return client.chat.completions.create(

@@ -15,6 +15,8 @@ from tests.test_decisions import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.launch import serve
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 ARGS = ["--dtype", "float32", "--max-model-len", "4096",
         *(["--enable-scale-out"] if vllm_version() != "0.24.0" else [])]
 

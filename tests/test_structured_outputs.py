@@ -18,6 +18,8 @@ from vllm_pcd.core.assemble import FieldResult
 from vllm_pcd.core.sampling import draw_values, value_distribution
 from vllm_pcd.core.schema import FieldSpec
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 REVIEW = "Review: I love this blender, it is the best purchase I made all year."
 SENTIMENTS = ["positive", "negative", "neutral"]  # distinct first tokens
 STOCK = {"chat_template_kwargs": {"pcd_structured_outputs": False}}

@@ -10,6 +10,8 @@ import pytest
 
 from vllm_pcd import targets
 
+pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
+
 
 @pytest.fixture(scope="module")
 def recorded():
