@@ -216,3 +216,14 @@ async def split_and_stalled(url):
 
 def test_split_groups_complete_and_a_stalled_call_ends_at_its_bound(fault_server):
     asyncio.run(split_and_stalled(fault_server))
+
+
+def test_a_refusal_vllm_raises_becomes_its_own_4xx():
+    """`client_fault` answers a validation error vLLM raised with the status, message and
+    param vLLM's own routes give (its ErrorResponse's ErrorInfo), on every version."""
+    from vllm_pcd.internals.errors import client_error
+    from vllm_pcd.serving.errors import client_fault
+
+    answer = client_fault(client_error("temperature must be non-negative", "temperature"))
+    assert answer.status.value == 400 and "temperature" in answer.message
+    assert client_fault(RuntimeError("engine died")) is None

@@ -66,5 +66,5 @@ def client_fault(err: BaseException) -> ErrorAnswer | None:
     cause = next((e for e in _causes(err) if isinstance(e, client_error_types())), None)
     if cause is None:
         return None
-    error = vllm_error_response(cause)
+    error = vllm_error_response(cause).error  # ErrorResponse → its ErrorInfo
     return ErrorAnswer(HTTPStatus(error.code), error.message, error.param, error.type)
