@@ -151,3 +151,10 @@ def test_batch_calibration_is_refused_on_a_single_call(http):
     body = pcd_body(http, SUPPORT_SCHEMA)
     body["chat_template_kwargs"]["pcd_calibration"] = "batch"
     refused(post(http, body), "pcd_calibration", "offline")
+
+
+def test_a_guided_choice_of_numbers_with_a_token_limit_is_a_400_not_a_500(http):
+    """Choices are text (the choice schema declares strings): numbers are not PCD's to answer
+    nor to count as replies, and the legacy key vLLM ignores is refused by name."""
+    body = {"model": http.model, "messages": MESSAGES, "max_tokens": 4, "guided_choice": [1, 2]}
+    refused(post(http, body), "guided_choice")

@@ -42,7 +42,7 @@ _KIND_NAMES = {str: "a string", list: "an array"}
 class Parsing:
     """What a property's parse reads besides the property: the root's definitions (by
     `$ref` string), the limits that bound what a range may expand to, and the work the
-    schema may still cause. A `$ref`'s values are computed once per depth (`values_of_ref`),
+    schema may still cause. A `$ref`'s values are computed once per depth (`ref_values`),
     so a schema whose unions share definitions costs their number, not their paths."""
 
     definitions: Mapping[str, Any]

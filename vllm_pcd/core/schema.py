@@ -55,15 +55,15 @@ def _check_dependencies(fields: tuple[FieldSpec, ...]) -> None:
 MAX_UNUSED_DEFINITION_OBJECTS = 16
 
 
-def _check_json_schema(raw: dict[str, Any], unused: dict[str, Any]) -> None:
+def _check_json_schema(raw: dict[str, Any], unused: dict[str, Any], limits: Limits) -> None:
     """What passes the PCD contract must also be valid JSON Schema. What PCD reads it checks
     itself as it reads (`fields.check_annotations`); the definitions it never reads are
     meta-checked here, within a bound, since their content is not PCD's to judge."""
     check_annotations("pcd_schema", raw, description_rule="json_schema")
     if not unused:
         return
-    size = measure(unused, "pcd_schema.$defs", max_nodes=CACHED_SCHEMA_CHARS,
-                   max_chars=CACHED_SCHEMA_CHARS)
+    size = measure(unused, "pcd_schema.$defs", max_nodes=limits.max_schema_nodes,
+                   max_chars=limits.max_schema_chars)  # within the whole schema's bounds
     if size.objects > MAX_UNUSED_DEFINITION_OBJECTS:
         raise SchemaError(f"pcd_schema.$defs: the definitions no field uses hold more than "
                           f"{MAX_UNUSED_DEFINITION_OBJECTS} schema objects; leave them out",
@@ -174,7 +174,7 @@ def _parse(raw: Any, limits: Limits, size: Size) -> SchemaSpec:
                               f"{limits.max_fields}", param="pcd_schema.properties",
                               rule="max_fields")
     _check_json_schema(raw, {ref: target for ref, target in definitions.items()
-                             if ref not in parsing.used})
+                             if ref not in parsing.used}, limits)
     spec = SchemaSpec(tuple(fields))
     _check_names(spec.fields)
     _check_dependencies(spec.fields)
