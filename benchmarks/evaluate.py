@@ -142,7 +142,10 @@ async def run(args: argparse.Namespace, url: str, serving: str) -> dict[str, Any
             tasks[source] = {**task_report(cases, runs),
                              "answers": {m: {c["id"]: o.object if o.ok else o.status
                                              for c, o in zip(cases, out)}
-                                         for m, out in runs.items()}}
+                                         for m, out in runs.items()},
+                             "scores": {m: {c["id"]: o.extra.get("scores")
+                                            for c, o in zip(cases, out) if o.ok}
+                                        for m, out in runs.items()}}
             args.out.with_suffix(".partial.json").write_text(json.dumps(tasks))
             if source not in TUNED or set(args.data) <= TUNED:
                 pooled_cases += cases
