@@ -105,11 +105,15 @@ def label_balanced(cases: Sequence[dict[str, Any]], limit: int | None, seed: int
                    ) -> list[dict[str, Any]]:
     """Up to `limit` cases (all, without one) with as many of each gold answer of the first
     field as the rarest has, drawn with `seed`: a sample whose label mix cannot reward a
-    prior."""
+    prior. An enum's gold counts by its position among the options, so a task whose options
+    differ per case is balanced over the positions a prior would favour."""
     by_label: dict[str, list[dict[str, Any]]] = {}
     for case in cases:
-        first = next(iter(case["schema"]["properties"]))
-        by_label.setdefault(repr(case["expected"][first]), []).append(case)
+        first, spec = next(iter(case["schema"]["properties"].items()))
+        gold = case["expected"][first]
+        options = spec.get("enum") or []
+        label = f"option {options.index(gold)}" if gold in options else repr(gold)
+        by_label.setdefault(label, []).append(case)
     per_label = min(len(group) for group in by_label.values())
     if limit:
         per_label = min(per_label, limit // len(by_label))
