@@ -3,6 +3,7 @@
 naming the problem, through every door that carries it; no door answers PCD without the key."""
 
 import json
+import uuid
 
 import httpx
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from benchmarks.hostile_schemas import (SCHEMA_FAMILIES, closed, guided_choices, ref_fanout,
                                         surrogate_description)
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
+from vllm_pcd.core.batch_calibration import MIN_DOCUMENTS
 from vllm_pcd.core.config import pcd_config
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
@@ -146,11 +148,34 @@ def test_what_pcd_cannot_honour_is_refused_not_dropped(http, part):
     assert name in refused(post(http, pcd_body(http, SUPPORT_SCHEMA, **part)), name)
 
 
-def test_batch_calibration_is_refused_on_a_single_call(http):
-    """A mean over one document is that document: the online door refuses it by name."""
-    body = pcd_body(http, SUPPORT_SCHEMA)
-    body["chat_template_kwargs"]["pcd_calibration"] = "batch"
-    refused(post(http, body), "pcd_calibration", "offline")
+def test_a_tenants_running_batch_estimate_never_moves_anothers_answer(http):
+    """Online batch calibration keeps one estimate per API key and OpenAI `user`: tenant A's
+    stream leaves tenant B's estimate and scores as they were, and each answer says how many
+    documents its estimate holds."""
+    a, b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+
+    def ask(user, text):
+        body = pcd_body(http, SUPPORT_SCHEMA, user=user,
+                        messages=[{"role": "user", "content": text}])
+        body["chat_template_kwargs"]["pcd_calibration"] = "batch"
+        response = post(http, body)
+        assert response.status_code == 200, response.text
+        return response.json()["pcd"]
+
+    def scores(pcd):
+        return [c["score"] for f in pcd["fields"].values() for c in f["candidates"]]
+
+    first = ask(b, MESSAGE)
+    assert first["calibration"] == {"method": "batch", "applied": False, "documents": 1,
+                                    "needed": MIN_DOCUMENTS, "estimate": "running"}
+    assert first["calibrated"] is False
+    for k in range(MIN_DOCUMENTS):
+        last = ask(a, f"{MESSAGE} (ticket {k})")
+    assert last["calibrated"] and last["calibration"]["documents"] == MIN_DOCUMENTS
+    assert any("prior_score" in c for f in last["fields"].values() for c in f["candidates"])
+    again = ask(b, MESSAGE)
+    assert again["calibration"]["documents"] == 2 and again["calibrated"] is False
+    assert scores(again) == pytest.approx(scores(first), abs=1e-3)
 
 
 def test_a_guided_choice_of_numbers_with_a_token_limit_is_a_400_not_a_500(http):

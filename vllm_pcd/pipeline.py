@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
-from vllm_pcd.core.batch_calibration import batch_prior, too_few
+from vllm_pcd.core.batch_calibration import RunningPriors, batch_prior, too_few
 from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
 from vllm_pcd.core.conditioning import Answered, read_values
 from vllm_pcd.core.config import pcd_config
@@ -256,14 +256,16 @@ def answered(rounds: Sequence[Round]) -> Answered:
 
 @dataclass(frozen=True)
 class Online:
-    """What every online call runs on: the server's engine, PCD's tokenizer, the limits, and
-    the restricted LM head's route (for the diagnostics)."""
+    """What every online call runs on: the server's engine, PCD's tokenizer, the limits, the
+    restricted LM head's route (for the diagnostics), the operator's calibration profiles and
+    the server's running batch estimates."""
 
     engine: Any
     tokenizer: Any
     limits: Limits
     projection_route: str | None = None
     profiles: ProfileBook = ProfileBook()
+    batch_priors: RunningPriors | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,8 @@ class Call:
     request_id: str | None = None
     cache_salt: str | None = None
     data_parallel_rank: int | None = None
+    # whose running batch estimate the call reads and feeds (`pcd_calibration: "batch"`)
+    tenant: str | None = None
 
 
 async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[str, Any]],
@@ -282,10 +286,11 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
     """On a prior's cache miss its engine requests run beside the document's, in the same
     engine steps. Conditioned fields take later rounds, one after another."""
     limits = online.limits
-    if options.calibration == "batch":
+    if options.calibration == "batch" and (online.batch_priors is None or call.tenant is None):
         raise SchemaError("pcd_calibration batch divides out the mean of a batch of documents: "
-                          "ask it of the offline API with a list of documents", param=KEYS[
-                              "calibration"], rule="calibration")
+                          "this door keeps no running estimate; ask it of the chat door or of "
+                          "the offline API with a list of documents",
+                          param=KEYS["calibration"], rule="calibration")
 
     def plan_of(conversation: list[dict[str, Any]], so_far: Answered = Answered()) -> Any:
         return PLANNER.plan(limits.max_queued_plans,
@@ -323,6 +328,21 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
         plan_s += time.perf_counter() - start
         rid = call.request_id and f"{call.request_id}-r{len(rounds)}"
         rounds.append(Round.scored(plan, await execute(plan, rid), options))
-    return finish(spec, rounds, plan_s, online.projection_route, prior,
-                  read_values(spec, options.joint, answered(rounds).values),
+    conditioned = read_values(spec, options.joint, answered(rounds).values)
+    if options.calibration == "batch":
+        return by_running_batch(online, spec, rounds, plan_s, options, call, conditioned)
+    return finish(spec, rounds, plan_s, online.projection_route, prior, conditioned,
                   online.profiles.find(spec, options))
+
+
+def by_running_batch(online: Online, spec: SchemaSpec, rounds: Sequence[Round], plan_s: float,
+                     options: Options, call: Call, conditioned: Any) -> PCDResult:
+    """The document feeds its tenant's running estimate for this schema and options, then is
+    calibrated by it; while the estimate is younger than MIN_DOCUMENTS the answer stays
+    uncalibrated and says so."""
+    plain = finish(spec, rounds, plan_s, online.projection_route, None, conditioned)
+    size, prior = online.batch_priors.observe((call.tenant, spec, options), plain.fields)
+    if prior is None:
+        return replace(plain, calibration={**too_few(size), "estimate": "running"})
+    done = finish(spec, rounds, plan_s, online.projection_route, prior, conditioned)
+    return replace(done, calibration={**done.calibration, "estimate": "running"})

@@ -95,7 +95,8 @@ class PCDResult:
             fields[name]["conditioned_on"] = read
         return {
             "mode": modes.pop() if len(modes) == 1 else "mixed",
-            "calibrated": self.calibration is not None,
+            # a batch estimate still warming up says so, and leaves the scores as they were
+            "calibrated": self.calibration is not None and self.calibration.get("applied", True),
             "calibration": self.calibration,
             "backbone_calls": None if None in calls else sum(calls),
             **({"rounds": [[f.field.name for f in r.fields] for r in self.rounds]}

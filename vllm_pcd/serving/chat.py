@@ -65,7 +65,7 @@ async def answer_chat(service: PCDService, handler: Any, request: ChatCompletion
     mode = str((request.chat_template_kwargs or {}).get("pcd_mode", "token"))
     mode = mode if mode in MODES else "invalid"
     try:
-        status, body = await _answer(service, request, mode)
+        status, body = await _answer(service, request, mode, raw_request)
     except asyncio.CancelledError:
         metrics.record_refusal(mode, "cancelled")
         raise
@@ -74,8 +74,8 @@ async def answer_chat(service: PCDService, handler: Any, request: ChatCompletion
     return status, body
 
 
-async def _answer(service: PCDService, request: ChatCompletionRequest, mode_label: str
-                  ) -> tuple[int, dict[str, Any]]:
+async def _answer(service: PCDService, request: ChatCompletionRequest, mode_label: str,
+                  raw_request: Any) -> tuple[int, dict[str, Any]]:
     if (refused := service.refusal(request.model)) is not None:
         return refused.status.value, refused.body()
     kwargs = service.template_kwargs(request.chat_template_kwargs)
@@ -92,7 +92,8 @@ async def _answer(service: PCDService, request: ChatCompletionRequest, mode_labe
     request_id = f"chatcmpl-pcd-{uuid.uuid4().hex}"
     result = await service.run(messages, spec, options, kwargs, chat_template=chat_template,
                                cache_salt=request.cache_salt, request_id=request_id,
-                               mode_label=mode_label)
+                               mode_label=mode_label,
+                               tenant=service.api_keys.tenant(raw_request, request.user))
     if isinstance(result, ErrorAnswer):
         return result.status.value, result.body()
     model = request.model or service.state.openai_serving_models.model_name()

@@ -94,7 +94,8 @@ async def _decide(raw_request: Request, model: str | None,
     result = await service.run(messages, spec, options, kwargs,
                                chat_template=service.server_chat_template, cache_salt=cache_salt,
                                request_id=f"decision-pcd-{uuid.uuid4().hex}",
-                               mode_label=options.mode)
+                               mode_label=options.mode,
+                               tenant=service.api_keys.tenant(raw_request))
     if isinstance(result, ErrorAnswer):
         return result.response()
     reads = [Read.of(q, r.field.options, r.scores, r.extra)

@@ -112,6 +112,18 @@ class ApiKeys:
         keys = [keys] if isinstance(keys, str) else keys
         self._hashes = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys if k]
 
+    def tenant(self, raw_request: Any, user: Any = None) -> str:
+        """Whose running estimates a call reads and feeds: which of the server's keys it
+        presented (its position, never the key) and the OpenAI `user` it names, so callers
+        behind different keys, or different end users behind one gateway, never share one."""
+        scheme, _, token = ((raw_request.headers.get("Authorization") or "")
+                            if raw_request is not None else "").partition(" ")
+        digest = hashlib.sha256(token.encode("utf-8")).digest() if scheme.lower() == "bearer" \
+            else b""
+        key = next((str(i) for i, known in enumerate(self._hashes)
+                    if secrets.compare_digest(digest, known)), "-")
+        return f"{key}/{user if isinstance(user, str) else ''}"
+
     def admit(self, raw_request: Any) -> bool:
         """Whether the HTTP request (None: no HTTP, as in `vllm run-batch`) may be answered."""
         if not self._hashes or raw_request is None:

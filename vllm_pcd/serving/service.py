@@ -18,6 +18,7 @@ from typing import Any
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.logger import init_logger
 
+from vllm_pcd.core.batch_calibration import RunningPriors
 from vllm_pcd.core.options import KEYS, Options
 from vllm_pcd.core.prompt import check_conversation
 from vllm_pcd.core.result import PCDResult
@@ -90,6 +91,7 @@ class PCDService:
         self.tokenizer = _private_tokenizer(engine)
         self.projection_route = configured_route(state.vllm_config)
         self.profiles = profiles_of(state.vllm_config)
+        self.batch_priors = RunningPriors()  # `pcd_calibration: "batch"` online, per tenant
         self.unavailable = off_reason(state.vllm_config)
         parallel = state.vllm_config.parallel_config
         self.engines = (parallel.data_parallel_size_local if parallel.local_engines_only
@@ -166,19 +168,19 @@ class PCDService:
 
     def online(self) -> Online:
         return Online(self.engine, self.tokenizer, self.limits, self.projection_route,
-                      self.profiles)
+                      self.profiles, self.batch_priors)
 
     async def run(self, messages: list[dict[str, Any]], spec: SchemaSpec, options: Options,
                   template_kwargs: dict[str, Any], *, chat_template: str | None,
-                  cache_salt: str | None, request_id: str, mode_label: str
-                  ) -> PCDResult | ErrorAnswer:
+                  cache_salt: str | None, request_id: str, mode_label: str,
+                  tenant: str | None = None) -> PCDResult | ErrorAnswer:
         """The PCD call every route makes, bounded by `limits.max_request_seconds`: its result,
         or the error to answer (4xx for what the request caused, 504, 500 for our faults)."""
         async with self.turns or contextlib.nullcontext():
             start = time.perf_counter()
             bound = self.limits.max_request_seconds
             call = Call(template_kwargs, chat_template, request_id, cache_salt,
-                        self.data_parallel_rank())
+                        self.data_parallel_rank(), tenant)
             try:
                 check_conversation(messages, self.limits)  # before it waits for the planner
                 async with asyncio.timeout(bound):
