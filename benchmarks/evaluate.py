@@ -1,6 +1,6 @@
 """Answer quality of PCD and AR JSON on labelled cases, every method on one server.
 
-    python -m benchmarks.evaluate [--data dev bigbench:fact_checker/fever rotten_tomatoes …]
+    python -m benchmarks.evaluate [--data dev sick sms_spam bbh:navigate rotten_tomatoes …]
                                   [--limit N] [--model PATH] [--url URL]
 
 Each `--data` source (see `benchmarks.public_data`) is one task: fetched at run time, sampled
@@ -227,9 +227,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--data", nargs="+", default=["dev"],
-                        help="sources: dev, bigbench:<task>, rotten_tomatoes, bbc, "
-                             "rotten_tomatoes_multi, fever_multi, bbq_pairs, bbc_multi, "
-                             "or a .jsonl path")
+                        help="sources: dev, sick, sick_multi, sms_spam, bbh:<task>, "
+                             "rotten_tomatoes, bbc, rotten_tomatoes_multi, bbc_multi, or a "
+                             ".jsonl path (groups: python -m benchmarks.tasks)")
     parser.add_argument("--model", default=str(default_model_path()),
                         help="any local model folder (served, and its tokenizer builds plans)")
     parser.add_argument("--url", help="attach to a running server (pcd plugin + xgrammar)")

@@ -79,11 +79,18 @@ def balanced_accuracy(cases: Sequence[Case]) -> float | None:
     however the sample's labels are mixed."""
     recalls: dict[tuple[str, str], list[bool]] = {}
     for case in cases:
-        for name in case.schema["properties"]:
+        for name, spec in case.schema["properties"].items():
             gold = case.expected[name]
             got = case.predicted.get(name) if isinstance(case.predicted, dict) else None
-            recalls.setdefault((name, repr(gold)), []).append(_same(gold, got))
+            recalls.setdefault((name, gold_label(spec, gold)), []).append(_same(gold, got))
     return share([share(hits) for hits in recalls.values()]) if recalls else None
+
+
+def gold_label(spec: dict[str, Any], gold: Any) -> str:
+    """The class a gold answer counts in: an enum's by its position among the options (a
+    task whose options differ per case is balanced over positions), any other by value."""
+    options = spec.get("enum") or []
+    return f"option {options.index(gold)}" if gold in options else repr(gold)
 
 
 def label_accuracy(cases: Sequence[Case]) -> float | None:
@@ -110,10 +117,7 @@ def label_balanced(cases: Sequence[dict[str, Any]], limit: int | None, seed: int
     by_label: dict[str, list[dict[str, Any]]] = {}
     for case in cases:
         first, spec = next(iter(case["schema"]["properties"].items()))
-        gold = case["expected"][first]
-        options = spec.get("enum") or []
-        label = f"option {options.index(gold)}" if gold in options else repr(gold)
-        by_label.setdefault(label, []).append(case)
+        by_label.setdefault(gold_label(spec, case["expected"][first]), []).append(case)
     per_label = min(len(group) for group in by_label.values())
     if limit:
         per_label = min(per_label, limit // len(by_label))
