@@ -65,7 +65,8 @@ async def pcd(client: Client, task: Task, salt: str, mode: str = "token",
     return Outcome("ok", json.loads(resp.choices[0].message.content),
                    tokens_computed=diag["tokens"]["computed"],
                    backbone_calls=diag["backbone_calls"],
-                   extra={"tokens": diag["tokens"], "scores": scores})
+                   extra={"tokens": diag["tokens"], "scores": scores,
+                          "projection": diag["projection"]})
 
 
 async def pcd_sequence(client: Client, task: Task, salt: str) -> Outcome:
