@@ -35,6 +35,7 @@ from vllm_pcd.core.scoring import calibrate
 
 DEFAULT, CONTENT_FREE, BASELINE = "pcd_token", "pcd_token_cf", "ar_json"
 METHODS = ["default", "content_free", "batch", "ar_json"]
+FLAG_ACCURACY = 0.9  # the accuracy unflagged answers should reach (`low_confidence`)
 
 Answers = dict[str, Any]   # case id → object (or a failure's status)
 Scores = dict[str, dict[str, list[float]]]  # case id → field → option log-probabilities
@@ -63,9 +64,11 @@ def by_batch(cases: Sequence[dict[str, Any]], answers: Answers, scores: Scores
 
 
 def profile_points(cases: Sequence[dict[str, Any]], scores: Scores, seed: int = 0
-                   ) -> dict[str, list[tuple[float, bool]]] | None:
+                   ) -> tuple[dict[str, list[tuple[float, bool]]], dict[str, Any]] | None:
     """Held-out (probability, right) points of no map and of a profile fitted on the other
-    half, for a task of one schema (None where the task has several or too few cases)."""
+    half, and the profile's held-out summary (its `low_confidence` threshold chosen on the
+    fitting half for FLAG_ACCURACY), for a task of one schema (None where the task has
+    several or too few cases)."""
     if len({json.dumps(c["schema"], sort_keys=True) for c in cases}) != 1:
         return None
     spec = parse_schema(cases[0]["schema"])
@@ -79,8 +82,9 @@ def profile_points(cases: Sequence[dict[str, Any]], scores: Scores, seed: int = 
             rows[f.name].append(Row(tuple(got[f.name]), index))
     if len(next(iter(rows.values()))) < MIN_CASES:
         return None
-    _, points = fit_profile("evaluated", cases[0]["schema"], Options(), rows, seed=seed)
-    return points
+    profile, points = fit_profile("evaluated", cases[0]["schema"], Options(), rows, seed=seed,
+                                  flag_below_accuracy=FLAG_ACCURACY)
+    return points, profile.held_out
 
 
 def scored(cases: Sequence[dict[str, Any]], answers: Answers) -> list[Case]:
@@ -174,11 +178,14 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             methods = task_methods(task, cases)
             name = f"{source} ({run['sample']})"
             per_task[name] = summary(cases, methods)
-            points = profile_points(cases, task["scores"][DEFAULT])
-            if points:
+            fitted = profile_points(cases, task["scores"][DEFAULT])
+            if fitted:
+                points, held_out = fitted
                 profiles[name] = {k: {"ece": expected_calibration_error(v),
                                       "accuracy": sum(ok for _, ok in v) / len(v),
                                       "rows": len(v)} for k, v in points.items()}
+                profiles[name]["low_confidence"] = held_out.get("low_confidence")
+                profiles[name]["coverage"] = {k: coverage_curve(v) for k, v in points.items()}
             if run["sample"] != "balanced":
                 continue
             if source in tasks.BBH and not above_chance(cases, task["answers"][BASELINE]):
@@ -193,6 +200,35 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "pooled": {g: pooled(e) for g, e in groups.items()},
             "members": {g: [e[0][0]["id"].rsplit("-", 1)[0] for e in entries]
                         for g, entries in groups.items()}}
+
+
+def coverage_curve(points: Sequence[tuple[float, bool]], steps: int = 20
+                   ) -> list[tuple[float, float]]:
+    """(share of answers kept, their accuracy) when only the most probable are kept."""
+    ranked = sorted(points, key=lambda p: -p[0])
+    out = []
+    for k in range(1, steps + 1):
+        kept = ranked[:max(1, round(len(ranked) * k / steps))]
+        out.append((len(kept) / len(ranked), sum(ok for _, ok in kept) / len(kept)))
+    return out
+
+
+def plot_coverage(results: dict[str, Any], path: Path) -> None:
+    """Accuracy against coverage on the held-out halves, one curve per task and map."""
+    from benchmarks.harness import panel_row, save_figure
+
+    fig, (ax,) = panel_row(1, panel_size=(6.5, 5))
+    for name, p in results["profiles"].items():
+        for key, style in (("none", "--"), ("profile", "-")):
+            curve = p["coverage"][key]
+            ax.plot([c for c, _ in curve], [a for _, a in curve], linestyle=style,
+                    label=f"{name.split(' (')[0]}, {'fitted' if key == 'profile' else 'raw'}")
+    ax.axhline(FLAG_ACCURACY, color="grey", linestyle=":")
+    ax.set(xlabel="share of answers kept (most probable first)",
+           ylabel="accuracy of the kept answers", xlim=(0, 1), ylim=(0, 1.02),
+           title="held-out halves: accuracy against coverage")
+    ax.legend(fontsize=6, loc="lower left", ncol=2)
+    save_figure(fig, path, dpi=110)
 
 
 def _pct(x: float | None) -> str:
@@ -233,9 +269,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = compare([json.loads(p.read_text()) for p in args.runs])
     print(table(results))
     for name, p in results["profiles"].items():
+        flagged = p["low_confidence"] or {}
         print(f"profile, held-out half of {name}: ECE {p['none']['ece']:.3f} → "
               f"{p['profile']['ece']:.3f}, accuracy {_pct(p['none']['accuracy'])} → "
-              f"{_pct(p['profile']['accuracy'])} ({p['none']['rows']} rows)")
+              f"{_pct(p['profile']['accuracy'])} ({p['none']['rows']} rows); flagged below "
+              f"{flagged.get('threshold', float('nan')):.2f}: {_pct(flagged.get('share'))}%, "
+              f"unflagged right {_pct(flagged.get('accuracy_above'))}%")
     for group, r in results["pooled"].items():
         for m in METHODS:
             if m in r and m != "default":
@@ -243,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f" − AR {_delta(r[m]['balanced_vs_ar'])}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+        plot_coverage(results, args.out.with_suffix(".coverage.png"))
     return results
 
 

@@ -283,3 +283,14 @@ def test_saved_rows_keep_their_decision_and_old_saves_read_as_most_probable(tmp_
     again, old = fields["date"]
     assert schema == {"schema": 1} and again == greedy_row and old == Row(DATE_FULL, 1)
     assert [ok for _, ok in answer_points(Identity(), [again, old])] == [True, False]
+
+
+def test_a_low_confidence_threshold_is_chosen_on_the_fitting_half_for_an_accuracy():
+    from vllm_pcd.core.profiles import threshold_for
+
+    points = [(0.95, True), (0.9, True), (0.8, False), (0.7, True), (0.6, False), (0.5, False)]
+    assert threshold_for(points, 0.75) == 0.7   # 3 of the 4 at or above 0.7 are right
+    assert threshold_for(points, 1.0) == 0.9
+    assert threshold_for(points, 0.5) == 0.5    # all kept: half of them right
+    assert threshold_for([(0.9, False)], 0.9) > 1  # nothing reaches it: every answer flagged
+    assert threshold_for([(0.9, True), (0.9, False)], 1.0) > 1  # ties stay together

@@ -117,7 +117,8 @@ def labelled_groups(llm: Any, cases: Sequence[dict[str, Any]], options: Options
 
 def calibrate(model: str, groups: Sequence[tuple[dict[str, Any], dict[str, list[Row]]]],
               options: Options, *, seed: int = 0, threshold: float | None = None,
-              objective: str = "ece", out: Any = sys.stdout
+              objective: str = "ece", out: Any = sys.stdout,
+              flag_below_accuracy: float | None = None
               ) -> tuple[list[Profile], dict[str, list[tuple[float, bool]]]]:
     """A profile per schema's labelled rows, and the pooled held-out points; no model is
     needed, so saved rows can be fitted again."""
@@ -127,7 +128,8 @@ def calibrate(model: str, groups: Sequence[tuple[dict[str, Any], dict[str, list[
           " balanced accuracy", file=out)
     for schema, rows in groups:
         profile, points = fit_profile(model, schema, options, rows, seed=seed,
-                                      threshold=threshold, objective=objective)
+                                      threshold=threshold, objective=objective,
+                                      flag_below_accuracy=flag_below_accuracy)
         profiles.append(profile)
         for key in pooled:
             pooled[key] += points[key]
@@ -151,8 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="the profile file to write")
     parser.add_argument("--options", default="{}",
                         help="PCD options the profile is for, as the offline API's keywords")
-    parser.add_argument("--low-confidence", type=float, default=None, metavar="P",
-                        help="mark answers whose calibrated probability is below P")
+    flags = parser.add_mutually_exclusive_group()
+    flags.add_argument("--low-confidence", type=float, default=None, metavar="P",
+                       help="mark answers whose calibrated probability is below P")
+    flags.add_argument("--flag-below-accuracy", type=float, default=None, metavar="A",
+                       help="mark answers below the probability chosen on the fitting half "
+                            "so that the unmarked ones are right at least A of the time")
     parser.add_argument("--dtype", default=fast_dtype())
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0, help="the fit/held-out split's seed")
@@ -182,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.options}")
     profiles, _ = calibrate(args.model, labelled_groups(llm, cases, options), options,
                             seed=args.seed, threshold=args.low_confidence,
-                            objective=args.choose_by)
+                            objective=args.choose_by,
+                            flag_below_accuracy=args.flag_below_accuracy)
     if not profiles:
         raise SystemExit("no schema had enough labelled cases for a profile")
     write_profiles(args.out, profiles)

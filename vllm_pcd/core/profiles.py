@@ -151,14 +151,28 @@ def _summary(points: Sequence[tuple[float, bool]]) -> dict[str, Any]:
             reliability(points)}
 
 
+def threshold_for(points: Sequence[tuple[float, bool]], accuracy: float) -> float:
+    """The lowest probability such that the answers at or above it are right at least
+    `accuracy` of the time (the most answers kept); above every answer where none is."""
+    ranked = sorted(points, key=lambda p: -p[0])
+    right, best = 0, math.nextafter(1.0, 2.0)
+    for kept, (probability, ok) in enumerate(ranked, start=1):
+        right += ok
+        if right >= accuracy * kept and (kept == len(ranked) or ranked[kept][0] < probability):
+            best = probability
+    return best
+
+
 def fit_profile(model: str, schema: dict[str, Any], options: Options,
                 rows: dict[str, list[Row]], *, seed: int = 0, threshold: float | None = None,
-                objective: str = "ece") -> tuple[Profile, dict[str, list[tuple[float, bool]]]]:
+                objective: str = "ece", flag_below_accuracy: float | None = None
+                ) -> tuple[Profile, dict[str, list[tuple[float, bool]]]]:
     """A profile fitted on one half of the labelled rows (field → rows, case by case, so
     every field's row k is case k) and measured on the other, which neither the fit nor the
     choice of method saw (the method is chosen by cross-validation inside the fitting
     half). Also returns the held-out points (probability given, right) of no map and of
-    the profile, for paired comparisons."""
+    the profile, for paired comparisons. `flag_below_accuracy` chooses the `low_confidence`
+    threshold on the fitting half: the lowest at which the kept answers reach it."""
     cases = len(next(iter(rows.values())))
     if cases < MIN_CASES:
         raise ValueError(f"{cases} labelled cases; a profile needs at least {MIN_CASES}")
@@ -173,6 +187,9 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
         choice = choose([pooled], seed, ("none", "temperature"), objective)
         shared = METHODS[choice.method].fit(pooled)
         fields = {name: shared for name in fit_rows}
+    if flag_below_accuracy is not None:
+        threshold = threshold_for([p for name, r in fit_rows.items()
+                                   for p in answer_points(fields[name], r)], flag_below_accuracy)
     points = {"none": [p for r in test_rows.values() for p in answer_points(Identity(), r)],
               "profile": [p for name, r in test_rows.items()
                           for p in answer_points(fields[name], r)]}
@@ -190,7 +207,8 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
     if threshold is not None:
         kept = [ok for p, ok in points["profile"] if p >= threshold]
         held_out["low_confidence"] = {
-            "threshold": threshold, "share": 1 - len(kept) / len(points["profile"]),
+            "threshold": threshold, "chosen_for_accuracy": flag_below_accuracy,
+            "share": 1 - len(kept) / len(points["profile"]),
             "accuracy_above": sum(kept) / len(kept) if kept else None}
     profile = Profile(model, schema, {name: getattr(options, name) for name in MATCHED_OPTIONS},
                       fields, {name: threshold for name in fields} if threshold is not None
