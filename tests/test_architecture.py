@@ -20,12 +20,13 @@ PACKAGES = {"vllm_pcd": ROOT / "vllm_pcd",
 # (without circles).
 FLOORS = (
     ("vllm_pcd.core", "vllm_pcd.compat", "vllm_pcd.models", "vllm_pcd.standin",
-     "vllm_pcd.launch", "vllm_pcd_kernels"),
+     "vllm_pcd.quantized_checkpoint", "vllm_pcd.launch", "vllm_pcd_kernels"),
     ("vllm_pcd.internals",),
     ("vllm_pcd.engine",),
     ("vllm_pcd.pipeline",),
     ("vllm_pcd.serving",),
-    ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd.calibrate", "vllm_pcd.targets", "vllm_pcd"),
+    ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd.calibrate", "vllm_pcd.targets",
+     "vllm_pcd.coverage", "vllm_pcd"),
 )
 # What the pure core may import besides itself and the standard library.
 CORE_THIRD_PARTY = {"jsonschema"}
