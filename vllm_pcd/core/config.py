@@ -14,6 +14,7 @@ KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "structured_outputs": ("true or false", (bool,)),
     "projection": ("a projection route name", (str,)),
     "calibration_profiles": ("a path or a list of paths", (str, list)),
+    "strict_coverage": ("true or false", (bool,)),
 }
 
 

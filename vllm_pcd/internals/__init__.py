@@ -9,6 +9,8 @@ patches one concern and is written against the versions in `vllm_pcd.compat`.
 - `admission`: a PCD request's branches enter the scheduler together (one backbone call).
 - `fork`: branches reuse the shared context's KV at its exact length (partial block copied).
 - `lm_head`: PCD rows project the LM head onto their allowed token ids only.
+- `coverage`: counts the body linears on the W4A8-G128 scheme and the head's route at load,
+  and refuses a fallback in strict mode.
 - `sampler`: a batch mixing exact-id and top-k log-probabilities keeps each row's own.
 - `runner`: the engine runs the model runner `lm_head` patches (V1) unless told otherwise.
 - `entry_points`: attaches the serving layer to `vllm run-batch` and, where vLLM has no
@@ -37,8 +39,8 @@ def apply() -> None:
     if _applied:
         return
     adapter()  # refuses a vLLM without an adapter before anything is patched
-    from vllm_pcd.internals import (admission, fork, handler, intake, lm_head, runner, sampler,
-                                    tags, validation)
+    from vllm_pcd.internals import (admission, coverage, fork, handler, intake, lm_head, runner,
+                                    sampler, tags, validation)
 
     tags.channel_key()  # generated here, before vLLM spawns the processes that inherit it
     intake.apply()
@@ -47,6 +49,7 @@ def apply() -> None:
     admission.apply()
     fork.apply()  # where the adapter says it is off, that is said at start-up
     lm_head.apply()
+    coverage.apply()  # after lm_head: its line follows the head's route line
     runner.apply()
     sampler.apply()
     _applied = True
