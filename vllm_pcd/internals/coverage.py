@@ -74,7 +74,7 @@ def runs(layer: Any) -> str:
 
 
 def count(runner: Any, vllm_config: Any) -> Coverage:
-    """The coverage of the model this V1 runner loaded."""
+    """The coverage of the model this runner loaded."""
     from vllm.model_executor.layers.linear import LinearBase
 
     model = runner.get_model()
@@ -105,7 +105,7 @@ def _head_problem(runner: Any, model: Any, head: Any) -> str | None:
 
     processor = getattr(model, "logits_processor", None)
     if head is None or processor is None:
-        return "the model has no lm_head and logits processor"
+        return "the model has no lm_head or logits processor"
     if not isinstance(runner, GPUModelRunner):
         return f"{type(runner).__module__} (Model Runner V2) is not patched"
     return lm_head.runner_problem(runner) or lm_head.head_problem(processor, head, None, False)
