@@ -130,3 +130,22 @@ def test_each_supported_version_has_an_adapter_with_the_whole_interface():
         # Adapters import nothing from vLLM at module level, so this runs on any vLLM.
         module = importlib.import_module(f"vllm_pcd.internals.{package}")
         assert not [m for m in members if not hasattr(module, m)], package
+
+
+def test_every_patch_module_says_where_it_runs_what_it_changes_and_when_it_can_go():
+    """A patch of vLLM names its process, the upstream behaviour it changes and the upstream
+    change that would retire it, as vllm-ascend's and vllm-plugin-FL's patch modules do."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "vllm_pcd" / "internals").rglob("*.py")):
+        text = path.read_text()
+        if "require_methods(" not in text and "_update_states" not in text:
+            continue  # helpers and the package's own apply(), which patch nothing themselves
+        if path.name == "__init__.py":
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        for card in ("Runs in:", "Changes:", "Remove when:"):
+            if card not in doc:
+                missing.append(f"{path.relative_to(ROOT)}: {card}")
+    assert not missing, missing

@@ -27,6 +27,11 @@ step, with no round trip through the API server between the context's step and t
 branches'. An open gate holds its group for as long as its context runs (the context's own
 life is bounded); a gate that never opened holds it `GROUP_WAIT_S` at most, and a closed gate
 is forgotten once its group has entered, or `GROUP_WAIT_S` after it closed.
+
+Runs in: the engine core process (the scheduler).
+Changes: `Scheduler.add_request`, `finish_requests` and `schedule` hold a tagged group until it
+  is whole.
+Remove when: vLLM admits a group of requests atomically.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ vLLM 0.32 copies a step's blocks with one fancy-indexed assignment per layer
 scatters it: on CPU that takes ×5-12 the time of one contiguous `copy_` per pair
 (`python -m benchmarks.bench_kv_copy`). The layout inside a block does not matter here: a
 scheduler block is copied whole, whatever the attention kernel's packing of its tokens.
+
+Runs in: the worker process (CPU).
+Changes: the per-layer copy of a step's copy-on-write block pairs.
+Remove when: vLLM's CPU worker copies block pairs with one contiguous copy each.
 """
 
 from __future__ import annotations

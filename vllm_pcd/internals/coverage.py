@@ -8,6 +8,10 @@ The embedding and the head are no body linears; the head's weight and PCD's rout
 reported beside the counts. One line is logged when the model loads (`PCD coverage: …`), and
 `additional_config.pcd.strict_coverage` refuses to start on any fallback, or on a head PCD
 cannot project row by row.
+
+Runs in: the worker process.
+Changes: `Worker.load_model` counts the body linears' schemes once the model is loaded.
+Remove when: vLLM reports, and can require, its quantization coverage at load.
 """
 
 from __future__ import annotations

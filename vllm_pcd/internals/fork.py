@@ -17,6 +17,13 @@ counting, so a finished, aborted or preempted request leaks nothing, and an evic
 just means the branch recomputes the tail (the engine reports what it computed).
 Only an engine with one full-attention KV cache group and nothing that reads hashes
 (KV events, connectors, EAGLE, context parallelism) gets it; `PCD_FORK=0` turns it off.
+
+Runs in: the engine core process (scheduler, KV cache manager, block pool).
+Changes: `Scheduler.__init__`, `KVCacheManager.get_computed_blocks`, `free`,
+  `pop_blocks_for_free` and `BlockPool.get_cached_block`, `_insert_block_hash` cache and hit a
+  partial block by its exact length.
+Remove when: vLLM's prefix cache hits partial blocks (it copies on write since 0.32, but caches
+  and looks up full blocks only).
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ Every other door renders a chat through vLLM's own `ChatParams` and would drop `
 (HF templates keep only the variables they use) and answer free text. Building a
 `ChatParams` that carries `pcd_schema` is refused instead, with vLLM's own validation error
 (a 400 naming the doors that answer it).
+
+Runs in: the API server process (and the process of an offline `LLM`).
+Changes: `OpenAIServingChat.create_chat_completion`, `OpenAIServingResponses.create_responses`
+  and `LLM.chat` answer PCD first; `ChatParams.__init__` refuses `pcd_schema`.
+Remove when: vLLM lets a plugin answer a chat request before it is rendered, at every door.
 """
 
 from __future__ import annotations

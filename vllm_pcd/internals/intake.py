@@ -4,6 +4,12 @@
 exception there into an error for that request alone (the engine keeps serving). So a forged
 or malformed tag (`tags.check`) fails its request there, before the scheduler sees it, and a
 verified one is attached to the scheduler's `Request` as `pcd_tags` for the other patches.
+
+Runs in: the engine core process (its input thread).
+Changes: `EngineCore.preprocess_add_request` verifies the tag and attaches it to the
+  scheduler's request.
+Remove when: vLLM carries verified per-request plugin data from the API server into the
+  scheduler.
 """
 
 from __future__ import annotations

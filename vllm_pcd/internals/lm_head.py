@@ -19,6 +19,12 @@ The projection's arithmetic follows the host (`vllm_pcd_kernels.select_route`: d
 FlagOS Arm host what its quantized head computes), unless `--additional-config
 '{"pcd": {"projection": "dense|w8a8|w4a8"}}'` or env PCD_PROJECTION chooses. The route is
 chosen and logged when the model loads, so FLAGGEMS_ARM_Q4_STRICT=1 fails start-up, not a step.
+
+Runs in: the worker process.
+Changes: `LogitsProcessor.forward`, `GPUModelRunner.execute_model` and `Worker.load_model`
+  project tagged rows onto their allowed ids.
+Remove when: vLLM computes a request's logits over a given subset of the vocabulary, and its
+  Model Runner V2 does too.
 """
 
 from __future__ import annotations

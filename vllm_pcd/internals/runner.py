@@ -8,6 +8,10 @@ supports on GPUs, and the choice is logged once. A user who sets
 `VLLM_USE_V2_MODEL_RUNNER=1` keeps V2; PCD then answers with the full head, and every answer's
 `projection.fallbacks` says so. Features that need V2 (they override the variable in vLLM
 itself) keep it the same way.
+
+Runs in: every process that builds vLLM's configuration (API server, engine core).
+Changes: the default of `VLLM_USE_V2_MODEL_RUNNER` when PCD is on and the user chose none.
+Remove when: the restricted head (`lm_head`) patches Model Runner V2.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ reads each row's first `1 + num_logprobs` columns, so the wider merged tensor ch
 nothing for either kind. A row that asked for the whole vocabulary (`logprobs=-1`) gets all
 of it, sorted, as vLLM's own top-k gives it where the engine states that as the vocabulary's
 size (both supported versions do). A step without exact ids is left to vLLM as it is.
+
+Runs in: the worker process.
+Changes: `Sampler.forward`, `gather_specific_token_logprobs` and `gather_logprobs` keep each
+  row's own log-probabilities.
+Remove when: vLLM's sampler keeps per-row log-probability kinds in a mixed batch.
 """
 
 from __future__ import annotations

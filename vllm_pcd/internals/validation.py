@@ -7,6 +7,10 @@ sees every request after parsing, in the API server, before it is sent to the en
 tag this deployment did not sign, or any other `pcd*` key, is refused there with the error
 vLLM's own validation raises, which every route answers with a 400 naming `vllm_xargs`.
 PCD's own requests carry signed tags and pass.
+
+Runs in: the API server process.
+Changes: `InputProcessor._validate_params` also checks the request's PCD tag.
+Remove when: vLLM lets a plugin validate the `extra_args` it owns (a request-validation hook).
 """
 
 from __future__ import annotations

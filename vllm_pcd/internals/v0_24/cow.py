@@ -17,6 +17,11 @@ vLLM 0.32 does it:
   when the request is freed, after this step was scheduled, and a worker runs the steps in
   order, so the copy is done before any later step's zeroing or forward reaches it (an extra
   reference would also make it look shared in `get_num_common_prefix_blocks`).
+
+Runs in: the engine core process (scheduler) and the worker process (the copies).
+Changes: vLLM 0.24's first allocation of a request whose prefix hit ends inside a block, its
+  step output, and the worker's per-step state update.
+Remove when: vLLM 0.24 is no longer supported (0.32 copies on write itself).
 """
 
 from __future__ import annotations

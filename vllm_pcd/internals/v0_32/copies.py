@@ -1,7 +1,12 @@
 """On a CPU worker, vLLM 0.32's partial-hit block copies (`kv_cache_block_copies`, applied in
 `_update_states`) are made one slice copy a pair (`internals.block_copy`) instead of its
 fancy-indexed assignment per layer. The same blocks, at the same point of the step: after the
-step's bookkeeping and new-block zeroing, before the forward. Other devices keep vLLM's."""
+step's bookkeeping and new-block zeroing, before the forward. Other devices keep vLLM's.
+
+Runs in: the worker process (CPU).
+Changes: how `_update_states` applies `kv_cache_block_copies`.
+Remove when: vLLM's CPU worker copies block pairs with one contiguous copy each.
+"""
 
 from __future__ import annotations
 
