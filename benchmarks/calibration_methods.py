@@ -264,7 +264,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.calibration_methods",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="benchmarks.evaluate results")
-    parser.add_argument("--out", type=Path, help="write the comparison as JSON")
+    parser.add_argument("--out", type=Path, help="write the comparison as JSON (the form "
+                        "benchmarks.figures renders) and its coverage curve beside it")
+    parser.add_argument("--machine", default="", help="what measured the runs: model, dtype, "
+                        "CPU, vLLM (said under the table)")
     args = parser.parse_args(argv)
     results = compare([json.loads(p.read_text()) for p in args.runs])
     print(table(results))
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{group}: {m} balanced − default {_delta(r[m]['balanced_vs_default'])},"
                       f" − AR {_delta(r[m]['balanced_vs_ar'])}")
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps({"machine": args.machine, "rows": results}, indent=1))
         plot_coverage(results, args.out.with_suffix(".coverage.png"))
     return results
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks import bench_minicpm5, bench_schema_cost
+from benchmarks import bench_minicpm5, bench_schema_cost, calibration_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -27,6 +27,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TABLES: dict[str, tuple[Callable[[Any], str], str]] = {
     "schema-cost": (bench_schema_cost.table,
                     "python -m benchmarks.bench_schema_cost --out docs/results/schema-cost.json"),
+    "public-eval": (
+        calibration_methods.table,
+        "python -m benchmarks.calibration_methods <runs> --out docs/results/public-eval.json"),
     "minicpm5-shape": (
         bench_minicpm5.table,
         "python -m benchmarks.bench_minicpm5 --out docs/results/minicpm5-shape.json"),
