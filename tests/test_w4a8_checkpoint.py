@@ -178,3 +178,21 @@ def test_strict_coverage_refuses_to_start_on_a_fallback(checkpoints, tmp_path):
     log = (tmp_path / "vllm.log").read_text()
     assert f"{3 * LAYERS} of {4 * LAYERS} body linears run W4A8-G128" in log
     assert "CoverageError: additional_config.pcd.strict_coverage" in log
+
+
+def test_the_coverage_command_counts_a_deeper_config_without_its_weights(w4a8, tmp_path):
+    """The checkpoint's config at 42 layers, no weights (vLLM's dummy loader): the count is of
+    the layers vLLM builds, 4 a layer, as FlagOS' acceptance check expects for MiniCPM5 (168)."""
+    deeper = tmp_path / "deeper"
+    deeper.mkdir()
+    for item in w4a8.iterdir():
+        if item.suffix != ".safetensors" and item.is_file():
+            (deeper / item.name).write_bytes(item.read_bytes())
+    config = json.loads((w4a8 / "config.json").read_text())
+    (deeper / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 42}))
+    run = subprocess.run([sys.executable, "-m", "vllm_pcd.coverage", str(deeper), "--dtype",
+                          "bfloat16", "--load-format", "dummy"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (report["w4a8_g128"], report["fallback"]) == (168, 0)
