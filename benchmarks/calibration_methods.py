@@ -136,6 +136,23 @@ def task_methods(task: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str,
     return out
 
 
+def by_field(cases: Sequence[dict[str, Any]], answers: Answers) -> dict[str, Any]:
+    """Per field of a multi-field task: accuracy, and the answers' label shares against the
+    gold's, to say which position or label a method loses on."""
+    out: dict[str, Any] = {}
+    for name in cases[0]["schema"]["properties"]:
+        got = [answers.get(c["id"]) for c in cases]
+        values = [g.get(name) if isinstance(g, dict) else None for g in got]
+        gold = [c["expected"][name] for c in cases]
+        labels = sorted({json.dumps(x) for x in gold})
+        shares = {label: (sum(json.dumps(x) == label for x in values) / len(cases),
+                          sum(json.dumps(x) == label for x in gold) / len(cases))
+                  for label in labels}
+        out[name] = {"accuracy": sum(a == b for a, b in zip(values, gold)) / len(cases),
+                     "shares": shares}
+    return out
+
+
 def summary(cases: list[dict[str, Any]], methods: dict[str, Any]) -> dict[str, Any]:
     gold = scored(cases, {c["id"]: c["expected"] for c in cases})
     rows: dict[str, Any] = {"cases": len(cases), "gold_true_share": true_share(gold, gold=True)}
@@ -145,6 +162,8 @@ def summary(cases: list[dict[str, Any]], methods: dict[str, Any]) -> dict[str, A
         got = scored(cases, answers)
         points = confidences(got, [scores.get(c["id"]) for c in cases]) if scores else []
         rows[name] = {"field": field_accuracy(got), "balanced": balanced_accuracy(got),
+                      **({"by_field": by_field(cases, answers)}
+                         if len(cases[0]["schema"]["properties"]) > 1 else {}),
                       "true_share": true_share(got),
                       "ece": expected_calibration_error(points) if points else None,
                       "vs_default": paired_bootstrap(got, base) if name != "default" else None,
@@ -278,6 +297,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{_pct(p['profile']['accuracy'])} ({p['none']['rows']} rows); flagged below "
               f"{flagged.get('threshold', float('nan')):.2f}: {_pct(flagged.get('share'))}%, "
               f"unflagged right {_pct(flagged.get('accuracy_above'))}%")
+    for name, r in results["tasks"].items():
+        for m in METHODS:
+            for field, f in (r.get(m) or {}).get("by_field", {}).items():
+                shares = ", ".join(f"{v} {100 * a:.0f}% (gold {100 * g:.0f}%)"
+                                   for v, (a, g) in f["shares"].items())
+                print(f"{name} {m} {field}: {_pct(f['accuracy'])}; {shares}")
     for group, r in results["pooled"].items():
         for m in METHODS:
             if m in r and m != "default":
