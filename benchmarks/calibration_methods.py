@@ -241,7 +241,7 @@ def plot_coverage(results: dict[str, Any], path: Path) -> None:
         for key, style in (("none", "--"), ("profile", "-")):
             curve = p["coverage"][key]
             ax.plot([c for c, _ in curve], [a for _, a in curve], linestyle=style,
-                    label=f"{name.split(' (')[0]}, {'fitted' if key == 'profile' else 'raw'}")
+                    label=f"{name}, {'fitted' if key == 'profile' else 'raw'}")
     ax.axhline(FLAG_ACCURACY, color="grey", linestyle=":")
     ax.set(xlabel="share of answers kept (most probable first)",
            ylabel="accuracy of the kept answers", xlim=(0, 1), ylim=(0, 1.02),
