@@ -112,27 +112,29 @@ class ApiKeys:
         keys = [keys] if isinstance(keys, str) else keys
         self._hashes = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys if k]
 
+    @staticmethod
+    def _presented(raw_request: Any) -> bytes | None:
+        """The digest of the bearer token the HTTP request presents, if it presents one."""
+        scheme, _, token = ((raw_request.headers.get("Authorization") or "")
+                            if raw_request is not None else "").partition(" ")
+        return hashlib.sha256(token.encode("utf-8")).digest() \
+            if scheme.lower() == "bearer" else None
+
+    def _matches(self, digest: bytes | None) -> list[bool]:
+        """Per server key, whether `digest` is it (every key compared, in constant time)."""
+        return [digest is not None and secrets.compare_digest(digest, known)
+                for known in self._hashes]
+
     def tenant(self, raw_request: Any, user: Any = None) -> str:
         """Whose running estimates a call reads and feeds: which of the server's keys it
         presented (its position, never the key) and the OpenAI `user` it names, so callers
         behind different keys, or different end users behind one gateway, never share one."""
-        scheme, _, token = ((raw_request.headers.get("Authorization") or "")
-                            if raw_request is not None else "").partition(" ")
-        digest = hashlib.sha256(token.encode("utf-8")).digest() if scheme.lower() == "bearer" \
-            else b""
-        key = next((str(i) for i, known in enumerate(self._hashes)
-                    if secrets.compare_digest(digest, known)), "-")
+        matches = self._matches(self._presented(raw_request))
+        key = str(matches.index(True)) if True in matches else "-"
         return f"{key}/{user if isinstance(user, str) else ''}"
 
     def admit(self, raw_request: Any) -> bool:
         """Whether the HTTP request (None: no HTTP, as in `vllm run-batch`) may be answered."""
         if not self._hashes or raw_request is None:
             return True
-        scheme, _, token = (raw_request.headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        digest = hashlib.sha256(token.encode("utf-8")).digest()
-        found = False
-        for known in self._hashes:
-            found |= secrets.compare_digest(digest, known)
-        return found
+        return any(self._matches(self._presented(raw_request)))
