@@ -5,7 +5,7 @@
 The API server plans every PCD call on one thread: it parses the schema (with JSON Schema's
 meta-check) and tokenizes the conversation and every field's continuations. Documents asked
 the same schema repeat the schema's part, so planning keeps the parsed schema and the tails'
-tokens (`core.schema.parse_schema`, `core.in_context.tail_ids`). This times `--docs`
+tokens (`core.schema.parse_schema`, `core.plan.in_context.tail_ids`). This times `--docs`
 synthetic tickets (about 300 tokens each) a call at a time, each call either with the caches
 emptied first ("scratch") or kept ("kept"), alternating, and prints the medians and their
 ratio. Both must give the same plans.
@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
 from benchmarks.client import load_tokenizer
-from vllm_pcd.core import in_context, schema as schema_module
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import in_context
+from vllm_pcd.core.schema import parse as schema_module
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.schema import parse_schema
 from vllm_pcd.models import default_model_path

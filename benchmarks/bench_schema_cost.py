@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from benchmarks.hostile_schemas import SCHEMA_FAMILIES
-from vllm_pcd.core import schema as schema_module
+from vllm_pcd.core.schema import parse as schema_module
 from vllm_pcd.core.schema import SchemaError, parse_schema
 
 

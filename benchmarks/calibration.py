@@ -26,8 +26,8 @@ from typing import Any
 
 from benchmarks import public_data, tasks
 from benchmarks.harness import provenance, publish, save_reliability
-from vllm_pcd.core.fitting import Row, expected_calibration_error, reliability
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.scoring import Row, expected_calibration_error, reliability
+from vllm_pcd.core.plan import Options
 
 # Profiles are fitted on the tasks looked at before, and judged apart on untouched ones.
 DEFAULT_DATA = tasks.SEEN[:2] + ["sick", "sms_spam"]

@@ -5,7 +5,7 @@ fitted profile, against AR JSON, on the cases of `benchmarks.evaluate` runs.
 
 A run must hold `pcd_token` (the default) and `ar_json`, and may hold `pcd_token_cf`. The two
 calibrations that need no engine call are computed here from the scores the default returned,
-with the product's own functions: batch calibration (`core.batch_calibration`: each task's
+with the product's own functions: batch calibration (`core.scoring.batch`: each task's
 documents of one schema are one batch, as the offline API computes it; a task whose options
 differ per case has no batch of 16 and stays uncalibrated, as the API answers it) and a fitted
 profile (`core.profiles.fit_profile`: fitted on one seeded half of a task, judged on the
@@ -25,10 +25,11 @@ from typing import Any, Sequence
 from benchmarks import public_data, tasks
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, field_accuracy,
                                 gold_label, paired_bootstrap, percentile, true_share)
-from vllm_pcd.core.assemble import FieldResult, assemble, option_index, value_at
-from vllm_pcd.core.batch_calibration import batch_prior
-from vllm_pcd.core.fitting import Row, expected_calibration_error
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.schema import option_index, value_at
+from vllm_pcd.core.scoring import FieldResult, assemble
+from vllm_pcd.core.scoring import batch_prior
+from vllm_pcd.core.scoring import Row, expected_calibration_error
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import MIN_CASES, fit_profile
 from vllm_pcd.core.schema import parse_schema
 from vllm_pcd.core.scoring import calibrate

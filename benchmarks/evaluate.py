@@ -32,8 +32,8 @@ from benchmarks.methods import METHODS, run_method
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
                                 field_accuracy, first_option_share, label_accuracy, median, p90,
                                 paired_bootstrap, true_share, valid_rate)
-from vllm_pcd.core.fitting import expected_calibration_error, reliability
-from vllm_pcd.core.prompt import DEFAULT_LAYOUT, LAYOUTS
+from vllm_pcd.core.scoring import expected_calibration_error, reliability
+from vllm_pcd.core.plan import DEFAULT_LAYOUT, LAYOUTS
 
 DEFAULT_DATA = public_data.DEV
 DEFAULT_METHODS = ["pcd_token", "pcd_token_json", "pcd_token_json_next", "pcd_token_cf",

@@ -18,8 +18,8 @@ import openai
 from benchmarks.client import Client, Outcome, Task, Unsupported, computed, error_text
 from benchmarks.route_methods import (floor, pcd_systemone, per_field, vllm_letters,
                                       vllm_systemone)
-from vllm_pcd.core.prompt import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, instruction_text,
-                                  with_instruction)
+from vllm_pcd.core.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, instruction_text,
+                                with_instruction)
 from vllm_pcd.core.schema import SchemaSpec
 from vllm_pcd.models import fast_dtype
 

@@ -110,7 +110,7 @@ PROFILE_TEMPERATURE = 2.0
 def write_test_profile(folder, model_path):
     """A temperature for `channel`, and biases that always answer `urgent: false`, which is
     flagged low-confidence below 0.5 (never) and `channel` below 1.0 (always)."""
-    from vllm_pcd.core.fitting import OptionBias, Temperature
+    from vllm_pcd.core.scoring import OptionBias, Temperature
     from vllm_pcd.core.profiles import Profile, write_profiles
 
     path = folder / "profile.json"

@@ -28,6 +28,16 @@ FLOORS = (
     ("vllm_pcd.plugin", "vllm_pcd.demo", "vllm_pcd.calibrate", "vllm_pcd.targets",
      "vllm_pcd.coverage", "vllm_pcd"),
 )
+# The core's rooms, by floor: a room is a sub-package whose `__init__` is its public face.
+# Nothing outside a room imports one of its modules, and no module inside imports its own face.
+CORE_FLOORS = (
+    ("vllm_pcd.core.config", "vllm_pcd.core.schema"),
+    ("vllm_pcd.core.scoring",),
+    ("vllm_pcd.core.plan",),
+    ("vllm_pcd.core.profiles",),
+    ("vllm_pcd.core.result", "vllm_pcd.core"),
+)
+ROOMS = ("vllm_pcd.core.schema", "vllm_pcd.core.scoring", "vllm_pcd.core.plan")
 # What the pure core may import besides itself and the standard library.
 CORE_THIRD_PARTY = {"jsonschema"}
 VERSION_LITERAL = re.compile(r"\b0\.(24|32)\.\d")
@@ -57,8 +67,8 @@ GRAPH = {name: {m for m in imports(path) if m in MODULES and m != name}
          for name, path in MODULES.items()}
 
 
-def floor(name: str) -> int:
-    matches = [(len(prefix), level) for level, prefixes in enumerate(FLOORS)
+def floor(name: str, floors: tuple[tuple[str, ...], ...] = FLOORS) -> int:
+    matches = [(len(prefix), level) for level, prefixes in enumerate(floors)
                for prefix in prefixes if name == prefix or name.startswith(prefix + ".")]
     assert matches, f"{name} is on no floor of FLOORS"
     return max(matches)[1]
@@ -68,6 +78,27 @@ def test_every_module_is_on_a_floor_and_imports_only_downwards():
     upward = [(name, target) for name, targets in GRAPH.items() for target in targets
               if floor(target) > floor(name)]
     assert upward == []
+
+
+def test_the_core_stands_on_at_most_six_floors_of_rooms_that_import_only_downwards():
+    assert len(CORE_FLOORS) <= 6
+    core = {name: targets for name, targets in GRAPH.items() if name.startswith("vllm_pcd.core")}
+    upward = [(name, target) for name, targets in core.items() for target in targets
+              if floor(target, CORE_FLOORS) > floor(name, CORE_FLOORS)]
+    assert upward == []
+
+
+def _room(name: str) -> str | None:
+    return next((room for room in ROOMS if name == room or name.startswith(room + ".")), None)
+
+
+def test_a_room_is_entered_only_by_its_face():
+    private = [(name, target) for name, targets in GRAPH.items() for target in targets
+               if _room(target) not in (None, target, _room(name))]
+    own_face = [(name, target) for name, targets in GRAPH.items() for target in targets
+                if _room(name) not in (None, name) and target == _room(name)]
+    assert private == [] and own_face == []
+
 
 
 def test_there_are_no_import_circles():

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.batch_calibration import MIN_DOCUMENTS, RunningPriors, batch_prior, too_few
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.scoring import FieldResult
+from vllm_pcd.core.scoring import MIN_DOCUMENTS, RunningPriors, batch_prior, too_few
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import FieldSpec, SchemaError
 from vllm_pcd.core.scoring import calibrate
 

@@ -186,7 +186,7 @@ def test_decisions_pcd_refusals_name_the_question():
 
 
 def test_label_mass_is_reported_only_where_the_full_head_scored():
-    from vllm_pcd.core.execution import RequestReport
+    from vllm_pcd.core.scoring import RequestReport
     from vllm_pcd.core.scoring import vocabulary_extra as _vocabulary_extra
 
     full = RequestReport(10, 0, None, {5: math.log(0.5), 6: math.log(0.25)}, sampled=7)

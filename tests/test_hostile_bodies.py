@@ -11,7 +11,7 @@ import pytest
 from benchmarks.hostile_schemas import (SCHEMA_FAMILIES, closed, guided_choices, ref_fanout,
                                         surrogate_description)
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
-from vllm_pcd.core.batch_calibration import MIN_DOCUMENTS
+from vllm_pcd.core.scoring import MIN_DOCUMENTS
 from vllm_pcd.core.config import pcd_config
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

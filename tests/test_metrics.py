@@ -9,7 +9,7 @@ from benchmarks.metrics import (
     Case, balanced_accuracy, confidences, exact_accuracy, field_accuracy, first_option_share,
     is_schema_valid, label_accuracy, label_balanced, median, p90, paired_bootstrap, percentile, true_share,
     valid_rate)
-from vllm_pcd.core.fitting import expected_calibration_error, reliability
+from vllm_pcd.core.scoring import expected_calibration_error, reliability
 
 SCHEMA = {
     "type": "object",

@@ -93,7 +93,7 @@ def test_batch_calibration_divides_out_the_calls_own_mean(fp32_llm):
     per-field mean probability, from the same engine outputs (no more engine work); fewer
     documents than the estimate needs stay uncalibrated, and say so."""
     from tests.conftest import SUPPORT_SCHEMA
-    from vllm_pcd.core.batch_calibration import MIN_DOCUMENTS
+    from vllm_pcd.core.scoring import MIN_DOCUMENTS
 
     texts = [f"Ticket {k}: I was charged twice for order {k}; please refund it."
              if k % 2 else f"Ticket {k}: the app crashes when I log in on my phone."

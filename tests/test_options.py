@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.core.options import KEYS, Options
+from vllm_pcd.core.plan import KEYS, Options
 from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import SchemaError, parse_schema
 

@@ -5,10 +5,10 @@ import math
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.plan import build_plan, choose_codes
-from vllm_pcd.core.prompt import RECAP, branch_text, instruction_text, with_instruction
-from vllm_pcd.core.sequence import SequenceFieldPlan
+from vllm_pcd.core.plan import RECAP, branch_text, instruction_text, with_instruction
+from vllm_pcd.core.plan import SequenceFieldPlan
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
 
 

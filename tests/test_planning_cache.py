@@ -6,8 +6,9 @@ import uuid
 
 import pytest
 
-from vllm_pcd.core import in_context, schema as schema_module
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import in_context
+from vllm_pcd.core.schema import parse as schema_module
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 

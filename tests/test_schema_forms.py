@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel
 
-from vllm_pcd.core.assemble import FieldResult, assemble, option_index, value_at
+from vllm_pcd.core.schema import option_index, value_at
+from vllm_pcd.core.scoring import FieldResult, assemble
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
 

@@ -12,11 +12,11 @@ import json
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.plan import FieldPlan, build_plan
-from vllm_pcd.core.prompt import branch_text, instruction_text, render_text, with_instruction
+from vllm_pcd.core.plan import branch_text, instruction_text, render_text, with_instruction
 from vllm_pcd.core.schema import parse_schema
-from vllm_pcd.core.sequence import serialize
+from vllm_pcd.core.plan import serialize
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")

@@ -9,11 +9,10 @@ from tests.conftest import MESSAGE
 from tests.test_fidelity import TOLERANCE
 from vllm_pcd import constrained
 from vllm_pcd.engine import TRIE_ENV, schedule
-from vllm_pcd.core.options import Options
-from vllm_pcd.core.plan import FieldPlan, build_plan
+from vllm_pcd.core.plan import FieldPlan, Options, build_plan
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
-from vllm_pcd.core.sequence import (SequenceFieldPlan, build_sequence_field, edge_logprobs,
-                                   serialize)
+from vllm_pcd.core.plan import SequenceFieldPlan, build_sequence_field, serialize
+from vllm_pcd.core.scoring import edge_logprobs
 
 TRICKY = {
     "type": "object",
@@ -201,7 +200,7 @@ def reference_model(model_path):
 
 
 def test_a_node_s_children_renormalised_together_across_its_chunks():
-    from vllm_pcd.core.sequence import Node, among_children, edge_logprobs
+    from vllm_pcd.core.scoring import Node, among_children
     nodes = [Node((1,), (5, 6), 2), Node((1,), (7,), 1), Node((1, 5), (9,), 1)]
     results = [{5: math.log(0.2), 6: math.log(0.1)}, {7: math.log(0.1)}, {9: math.log(0.5)}]
     raw = edge_logprobs(nodes, results)

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, MESSAGE, SERVER_ARGS,
                             PROFILE_TEMPERATURE, PROFILED_SCHEMA, SIX_FIELD_SCHEMA,
                             SUPPORT_SCHEMA, computed_tokens)
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.launch import serve
 from vllm_pcd.pipeline import as_messages
 from vllm_pcd.core.plan import build_plan

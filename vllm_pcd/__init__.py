@@ -4,7 +4,7 @@
 text with a `vllm.LLM`; the `pcd` plugins serve the same through `vllm serve`.
 """
 
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
 __all__ = ["Limits", "Options", "SchemaError", "constrained", "parse_schema"]

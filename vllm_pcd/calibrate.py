@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from vllm_pcd.core.assemble import FieldResult, option_index, value_at
-from vllm_pcd.core.fitting import OBJECTIVES, Row, expected_calibration_error
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.schema import option_index, value_at
+from vllm_pcd.core.scoring import FieldResult
+from vllm_pcd.core.scoring import OBJECTIVES, Row, expected_calibration_error
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, fit_profile, schema_fingerprint,
                                     write_profiles)
 from vllm_pcd.core.schema import SchemaSpec, parse_schema

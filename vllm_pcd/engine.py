@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Sequence
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
-from vllm_pcd.core.execution import Execution, RequestReport
+from vllm_pcd.core.scoring import Execution, RequestReport
 from vllm_pcd.internals import tags
 from vllm_pcd.core.plan import Plan, Scoring
 

@@ -21,16 +21,16 @@ from typing import Any, Callable, Iterator, Sequence
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
-from vllm_pcd.core.batch_calibration import RunningPriors, batch_prior, too_few
-from vllm_pcd.core.calibration import PendingPrior, PriorCache, content_free_messages
-from vllm_pcd.core.conditioning import Answered, read_values
+from vllm_pcd.core.scoring import RunningPriors, batch_prior, too_few
+from vllm_pcd.core.scoring import PendingPrior, PriorCache, content_free_messages
+from vllm_pcd.core.plan import Answered, read_values
 from vllm_pcd.core.config import pcd_config
-from vllm_pcd.core.options import KEYS, Options
+from vllm_pcd.core.plan import KEYS, Options
 from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema
-from vllm_pcd.core.sequence import common_prefix
+from vllm_pcd.core.plan import common_prefix
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 
@@ -181,7 +181,7 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                 **option_values: Any) -> PCDResult | list[PCDResult]:
     """Answer `schema` about a text (or a chat) with a `vllm.LLM` by PCD; given a list of
     them, answer each, submitting as many documents at once as the KV cache holds (`batches`)
-    so vLLM batches them. The options (`core.options.Options`) come whole or as keywords
+    so vLLM batches them. The options (`core.plan.Options`) come whole or as keywords
     (`mode="sequence"`); the content-free prior is computed alongside the first documents
     that need it and cached."""
     if not internals.active():

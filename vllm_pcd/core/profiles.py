@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.fitting import (METHODS, Calibrator, Identity, Row, answer_points,
+from vllm_pcd.core.scoring import FieldResult
+from vllm_pcd.core.scoring import (METHODS, Calibrator, Identity, Row, answer_points,
                                    balanced_accuracy, calibrator_from_dict, choose,
-                                   expected_calibration_error, halves, reliability,
-                                   stepwise_kept)
-from vllm_pcd.core.options import Options
+                                   expected_calibration_error, halves, reliability, stepwise_kept)
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import SchemaSpec, parse_schema
 
 FORMAT = "vllm-pcd-calibration/1"

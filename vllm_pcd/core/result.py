@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vllm_pcd.core.assemble import FieldResult, assemble, to_json
-from vllm_pcd.core.calibration import Prior
-from vllm_pcd.core.execution import Execution
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.schema import to_json
+from vllm_pcd.core.scoring import FieldResult, assemble
+from vllm_pcd.core.scoring import Prior
+from vllm_pcd.core.scoring import Execution
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.plan import Plan
 from vllm_pcd.core.profiles import Profile
 from vllm_pcd.core.schema import SchemaSpec

@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import MODES, SchemaError, parse_schema
 from vllm_pcd.serving import metrics
 from vllm_pcd.serving.errors import ErrorAnswer

@@ -25,7 +25,7 @@ from vllm_pcd.serving.decision_protocol import DecisionsRequest, SystemOneReques
 from vllm_pcd.serving.decisions import (Question, Read, check_cache_salt, decisions_request,
                                 decisions_response, systemone_request, systemone_response,
                                 to_schema)
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.result import PCDResult
 from vllm_pcd.core.schema import SchemaError, parse_schema
 from vllm_pcd.serving.errors import ErrorAnswer, error_response

@@ -27,7 +27,7 @@ from starlette.middleware import Middleware
 
 from vllm_pcd import internals
 from vllm_pcd.core.config import pcd_config
-from vllm_pcd.core.options import Options
+from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import Limits, parse_schema
 from vllm_pcd.internals import handler
 from vllm_pcd.pipeline import Call, answer_online

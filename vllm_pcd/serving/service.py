@@ -18,9 +18,9 @@ from typing import Any
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.logger import init_logger
 
-from vllm_pcd.core.batch_calibration import RunningPriors
-from vllm_pcd.core.options import KEYS, Options
-from vllm_pcd.core.prompt import check_conversation
+from vllm_pcd.core.scoring import RunningPriors
+from vllm_pcd.core.plan import KEYS, Options
+from vllm_pcd.core.plan import check_conversation
 from vllm_pcd.core.result import PCDResult
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, shown
 from vllm_pcd.internals.lm_head import configured_route

@@ -16,11 +16,10 @@ unique among the field's candidates (usually one request with the real first tok
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
-from vllm_pcd.core import scoring
+from vllm_pcd.core.scoring import FieldResult, Node, RequestReport, trie_field
 
 Encode = Callable[[str], tuple[int, ...]]
 
@@ -44,16 +43,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
-class Node:
-    """One engine request: the branch tokens so far, and the next tokens to score there."""
-
-    prefix: tuple[int, ...]
-    children: tuple[int, ...]
-    units: int  # candidates whose last token this node scores (for microbatching)
-
-
-@dataclass(frozen=True)
 class SequenceFieldPlan:
+    """A field scored over its candidates' token trie (`scoring.trie_field`)."""
+
     field: Any  # FieldSpec
     mode: str   # "sequence": whole candidates; "token": each up to its unique prefix
     terminator: str | None  # scored after each whole value; None: unique prefixes only
@@ -70,23 +62,10 @@ class SequenceFieldPlan:
     def value_tokens(self, index: int) -> int:
         return len(self.candidates[index]) - self.score_from[index]
 
-    def candidate_logprobs(self, edges: Edges) -> list[float]:
-        """Summed log-probability of each candidate's tokens, from its edges' table."""
-        return [sum(edges[(seq[:j], seq[j])] for j in range(start, len(seq)))
-                for seq, start in zip(self.candidates, self.score_from)]
-
-    def score(self, reports: Sequence[Any], normalization: str) -> Any:
+    def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult:
         """The field's result from its nodes' reports (one per node, in order)."""
-        edges = edge_logprobs(self.nodes, [r.logprobs for r in reports])
-        sums = self.candidate_logprobs(edges)
-        stepwise = self.candidate_logprobs(among_children(edges))
-        # the first scored position: the nodes with the shortest prefix (one request per chunk)
-        root = min(len(n.prefix) for n in self.nodes)
-        first = [n for n in self.nodes if len(n.prefix) == root]
-        return scoring.sequence_field(
-            self.field, self.mode, sums, [self.value_tokens(i) for i in range(len(sums))],
-            normalization, reports, reports[self.nodes.index(first[0])],
-            {t for n in first for t in n.children}, self.candidates, stepwise)
+        return trie_field(self.field, self.mode, self.candidates, self.score_from, self.nodes,
+                          reports, normalization)
 
 
 def _unique_prefixes(candidates: Sequence[tuple[int, ...]],
@@ -150,28 +129,3 @@ def build_sequence_field(encode: Encode, field: Any, stem: str, *, mode: str = "
             nodes.append(Node(prefix, tuple(part), sum(kids[t] for t in part)))
     return SequenceFieldPlan(field, mode, terminator, space, tuple(stem_ids), tuple(candidates),
                              tuple(starts), tuple(nodes))
-
-
-Edges = dict[tuple[tuple[int, ...], int], float]  # (node prefix, child token) → log-prob
-
-
-def edge_logprobs(nodes: Sequence[Node], results: Sequence[Mapping[int, float]]) -> Edges:
-    """Each scored edge's log-probability, as its node's request returned it."""
-    table = {}
-    for node, got in zip(nodes, results):
-        for token in node.children:
-            if token not in got or math.isnan(got[token]):
-                raise RuntimeError(f"engine returned no log-probability for token {token}")
-            table[(node.prefix, token)] = got[token]
-    return table
-
-
-def among_children(edges: Edges) -> Edges:
-    """Each edge renormalised over its node's children (a prefix's chunks together), as a
-    decoder held to the values sees it."""
-    siblings: dict[tuple[int, ...], list[float]] = {}
-    for (prefix, _), value in edges.items():
-        siblings.setdefault(prefix, []).append(value)
-    totals = {prefix: scoring.log_sum_exp(values) for prefix, values in siblings.items()}
-    return {(prefix, t): v - totals[prefix] for (prefix, t), v in edges.items()}
-

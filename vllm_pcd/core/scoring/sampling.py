@@ -12,7 +12,7 @@ import math
 import random
 from typing import Any, Sequence
 
-from vllm_pcd.core.assemble import FieldResult
+from vllm_pcd.core.scoring.field_result import FieldResult
 
 
 def value_distribution(scores: Sequence[float], temperature: float, top_p: float = 1.0

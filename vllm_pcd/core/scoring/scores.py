@@ -1,7 +1,7 @@
 """Where a field's score is computed: the engine's log-probabilities → one score per option.
 
-Each kind of field plan answers `score(reports, normalization)` (`plan.FieldPlan`: one token
-per option; `sequence.SequenceFieldPlan`: each option's tokens summed over a trie) with the
+Every field plan is a `FieldScorer`: it answers `score(reports, normalization)` (one token per
+option: `token_field`; each option's tokens summed over a trie: `trie.trie_field`) with the
 functions below: renormalise over the options, normalise a value's length, report the mass
 outside the options, divide out a content-free prior. Scores are log-probabilities over the
 allowed options: a model's preference among them, not the chance that it is right.
@@ -11,12 +11,47 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.decision import resolved
-from vllm_pcd.core.execution import RequestReport
+from vllm_pcd.core.scoring.field_result import FieldResult
+from vllm_pcd.core.scoring.decision import resolved
+from vllm_pcd.core.scoring.execution import RequestReport
 from vllm_pcd.core.schema import FieldSpec
+
+
+class FieldScorer(Protocol):
+    """A field's plan, as scoring sees it: its decision mode and its score from its reports."""
+
+    @property
+    def mode(self) -> str: ...
+
+    def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult: ...
+
+
+class ScoringRequest(Protocol):
+    """One engine request of a plan: the field it scores and the tokens it reads and asks."""
+
+    @property
+    def field_index(self) -> int: ...
+
+    @property
+    def suffix_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
+
+
+class ScoredPlan(Protocol):
+    """A plan, as scoring sees it: a shared context, its fields and their requests."""
+
+    @property
+    def shared_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def fields(self) -> Sequence[FieldScorer]: ...
+
+    @property
+    def scorings(self) -> Sequence[ScoringRequest]: ...
 
 
 def log_sum_exp(values: Sequence[float]) -> float:
@@ -114,13 +149,13 @@ def calibrate(results: Sequence[FieldResult], prior: Sequence[FieldResult]
     return tuple(out)
 
 
-def field_results(plan: Any, branches: Sequence[RequestReport], normalization: str,
+def field_results(plan: ScoredPlan, branches: Sequence[RequestReport], normalization: str,
                   decision: str = "most_probable") -> tuple[FieldResult, ...]:
-    """Every field of `plan` (a `plan.Plan`) scored from its scorings' reports, in order,
-    each choosing its value by `decision` (`decision.resolved` for its mode)."""
+    """Every field of `plan` scored from its scorings' reports, in order, each choosing its
+    value by `decision` (`decision.resolved` for its mode)."""
     by_field: dict[int, list[RequestReport]] = {}
     for scoring, report in zip(plan.scorings, branches):
         by_field.setdefault(scoring.field_index, []).append(report)
     return tuple(replace(fp.score(by_field.get(i, []), normalization),
-                         decision=resolved(decision, getattr(fp, "mode", "token")))
+                         decision=resolved(decision, fp.mode))
                  for i, fp in enumerate(plan.fields))

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from vllm_pcd.core.options import Options
-from vllm_pcd.core.prompt import FORMULATIONS
+from vllm_pcd.core.plan.options import Options
+from vllm_pcd.core.plan.prompt import FORMULATIONS
 from vllm_pcd.core.schema import FieldSpec, SchemaError, SchemaSpec
 
 # An engine request forks at most this many earlier prompt lengths (tags allow 16, and

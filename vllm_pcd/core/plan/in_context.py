@@ -18,7 +18,7 @@ import functools
 from array import array
 from typing import Any, Callable, Sequence
 
-from vllm_pcd.core.sequence import common_prefix
+from vllm_pcd.core.plan.sequence import common_prefix
 
 
 class Cancelled(Exception):

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from vllm_pcd.core.cost import measure
+from vllm_pcd.core.schema import measure
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, shown
-from vllm_pcd.core.sequence import serialize
+from vllm_pcd.core.plan.sequence import serialize
 
 JSON_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
                "fields below, each set to one of the values listed for it.")

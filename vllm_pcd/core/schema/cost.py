@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_pcd.core.spec import SchemaError, shown
+from vllm_pcd.core.schema.spec import SchemaError, shown
 
 # JSON nesting a value may have: a schema of MAX_DEPTH nested objects and unions stays far
 # below it; recursive readers (the cache key, vLLM's own validators) stay far below Python's

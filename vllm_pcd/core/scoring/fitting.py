@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Sequence
 
-from vllm_pcd.core.decision import Path, chosen
-from vllm_pcd.core.scoring import log_softmax
+from vllm_pcd.core.scoring.decision import Path, chosen
+from vllm_pcd.core.scoring.scores import log_softmax
 
 FLOOR = -100.0  # scores below this (options the head all but ruled out) count as this
 

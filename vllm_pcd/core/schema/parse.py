@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_pcd.core.cost import Size, WorkBudget, measure
-from vllm_pcd.core.fields import (ANNOTATIONS, Parsing, check_annotations, check_closed,
-                                  definitions_of, property_fields)
-from vllm_pcd.core.spec import (MODES, FieldKind, FieldMode, FieldSpec, Limits, SchemaError,
-                                SchemaSpec, fail, shown)
+from vllm_pcd.core.schema.cost import Size, WorkBudget, measure
+from vllm_pcd.core.schema.fields import (ANNOTATIONS, Parsing, check_annotations, check_closed,
+                                         definitions_of, property_fields)
+from vllm_pcd.core.schema.spec import (MODES, FieldKind, FieldMode, FieldSpec, Limits, SchemaError,
+                                       SchemaSpec, fail, shown)
 
 # The vocabulary is spec's; every caller reads it from here, beside the parser.
 __all__ = ["MODES", "FieldKind", "FieldMode", "FieldSpec", "Limits", "SchemaError", "SchemaSpec",

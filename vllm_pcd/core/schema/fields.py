@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from vllm_pcd.core.cost import WorkBudget
-from vllm_pcd.core.spec import MODES, FieldSpec, Limits, check_text, fail, shown
+from vllm_pcd.core.schema.cost import WorkBudget
+from vllm_pcd.core.schema.spec import MODES, FieldSpec, Limits, check_text, fail, shown
 
 # Keywords that only annotate; they never change which values are valid.
 ANNOTATIONS = frozenset({"title", "description", "$comment", "examples", "default"})

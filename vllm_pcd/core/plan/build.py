@@ -5,7 +5,7 @@ template up to the assistant's turn, so every branch starts from identical token
 compute them once. A branch is the start of the assistant's answer for one field (`{"name":` or `name:`).
 Every branch's tokens are cut from the tokenization of the whole text the model reads
 (`InContext`), never tokenized on their own. In token mode option codes are each exactly one
-token in that context; values (`vllm_pcd.core.sequence`) are scored whole or up to their unique
+token in that context; values (`sequence`) are scored whole or up to their unique
 prefix, as the formulation says.
 The plan also decides, per scoring request, whether the LM head may be projected onto its
 token ids only (`Scoring.restricted`).
@@ -16,21 +16,21 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from vllm_pcd.core import scoring
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.conditioning import (Answered, check, conditions, fork_reads, round_fields,
-                                        rounds_needed, written)
-from vllm_pcd.core.execution import RequestReport
-from vllm_pcd.core.in_context import InContext
-from vllm_pcd.core.options import Options
-from vllm_pcd.core.prompt import (FORMULATIONS, NEXT_IN_OBJECT, Tokenizer, branch_text,
-                                  check_conversation, instruction_text, render_text,
-                                  with_instruction)
+from vllm_pcd.core.scoring import FieldResult
+from vllm_pcd.core.plan.conditioning import (Answered, check, conditions, fork_reads, round_fields,
+                                             rounds_needed, written)
+from vllm_pcd.core.scoring import RequestReport
+from vllm_pcd.core.plan.in_context import InContext
+from vllm_pcd.core.plan.options import Options
+from vllm_pcd.core.plan.prompt import (FORMULATIONS, NEXT_IN_OBJECT, Tokenizer, branch_text,
+                                       check_conversation, instruction_text, render_text,
+                                       with_instruction)
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, SchemaSpec
-from vllm_pcd.core.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
-                                    serialize)
+from vllm_pcd.core.plan.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
+                                         serialize)
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -51,6 +51,7 @@ class FieldPlan:
     suffix_ids: tuple[int, ...]  # the branch's own tokens, after the shared context
     codes: tuple[str, ...]       # code text per option, in schema order
     code_ids: tuple[int, ...]    # the single token each code adds in context
+    mode: ClassVar[str] = "token"
 
     def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult:
         return scoring.token_field(self.field, self.codes, self.code_ids, reports[0])
@@ -61,6 +62,7 @@ class ConstantFieldPlan:
     """A field with one allowed value (`const`): answered without asking the engine."""
 
     field: FieldSpec
+    mode: ClassVar[str] = "token"
 
     def score(self, reports: Sequence[RequestReport], normalization: str) -> FieldResult:
         return scoring.field_result(self.field, [0.0], {"mode": "constant"})

@@ -16,8 +16,8 @@ import math
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.calibration import Prior
+from vllm_pcd.core.scoring.field_result import FieldResult
+from vllm_pcd.core.scoring.content_free import Prior
 
 MIN_DOCUMENTS = 16
 

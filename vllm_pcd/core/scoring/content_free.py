@@ -15,10 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from vllm_pcd.core.assemble import FieldResult
-from vllm_pcd.core.execution import Execution
-from vllm_pcd.core.plan import Plan
-from vllm_pcd.core.scoring import field_results
+from vllm_pcd.core.scoring.field_result import FieldResult
+from vllm_pcd.core.scoring.execution import Execution
+from vllm_pcd.core.scoring.scores import ScoredPlan, field_results
 
 CONTENT_FREE_TEXT = "N/A"
 
@@ -30,7 +29,7 @@ def content_free_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, 
             {"role": "user", "content": CONTENT_FREE_TEXT}]
 
 
-def prior_key(plan: Plan, normalization: str, cache_salt: str | None) -> Hashable:
+def prior_key(plan: ScoredPlan, normalization: str, cache_salt: str | None) -> Hashable:
     """Everything a prior depends on, as the engine sees it: the content-free plan's tokens
     (schema, options, template, system turns) and the scoring. The tenant's salt keeps one
     tenant from learning, by timing, which schemas another asked."""
@@ -57,7 +56,7 @@ class PriorCache:
         while len(self._priors) > self.size:
             self._priors.popitem(last=False)
 
-    def pending(self, plan: Plan, normalization: str, cache_salt: str | None) -> PendingPrior:
+    def pending(self, plan: ScoredPlan, normalization: str, cache_salt: str | None) -> PendingPrior:
         """The prior of content-free `plan`: cached, or to be computed by executing it."""
         key = prior_key(plan, normalization, cache_salt)
         return PendingPrior(plan, key, normalization, self.get(key), self)
@@ -79,7 +78,7 @@ class PendingPrior:
     """A prior one call needs, the same way for the offline and the online path: from the
     cache, or from the execution of its plan, which then fills the cache."""
 
-    plan: Plan
+    plan: ScoredPlan
     key: Hashable
     normalization: str
     cached: tuple[FieldResult, ...] | None

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from vllm_pcd.core.decision import DECISIONS
-from vllm_pcd.core.prompt import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATIONS, LAYOUTS
+from vllm_pcd.core.scoring import DECISIONS
+from vllm_pcd.core.plan.prompt import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATIONS, LAYOUTS
 from vllm_pcd.core.schema import MODES, SchemaError, shown
 from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
 
@@ -28,8 +28,8 @@ class Options:
     """`mode` is the default for fields without their own `x-pcd-mode`; `normalization`
     applies to sequence-mode values; `calibration="content_free"` divides out the schema's
     content-free prior. `joint` answers the fields in schema order, each reading the values
-    chosen before it (`core.conditioning`). `decision` chooses each field's value from its
-    scores (`core.decision`). `full_vocabulary` keeps the stock LM head for every scoring, so each
+    chosen before it (`conditioning`). `decision` chooses each field's value from its
+    scores (`scoring.decision`). `full_vocabulary` keeps the stock LM head for every scoring, so each
     field also reports its options' mass over the whole vocabulary (the decision routes ask
     for it; a client of the chat route cannot)."""
 
