@@ -20,11 +20,8 @@ from typing import Any, Callable
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
 from benchmarks.client import load_tokenizer
-from vllm_pcd.core.plan import in_context
-from vllm_pcd.core.schema import parse as schema_module
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import Plan, build_plan
-from vllm_pcd.core.schema import parse_schema
+from vllm_pcd.core.plan import Options, Plan, build_plan, in_context
+from vllm_pcd.core.schema import parse as schema_module, parse_schema
 from vllm_pcd.models import default_model_path
 
 

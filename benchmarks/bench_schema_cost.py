@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from benchmarks.hostile_schemas import SCHEMA_FAMILIES
-from vllm_pcd.core.schema import parse as schema_module
-from vllm_pcd.core.schema import SchemaError, parse_schema
+from vllm_pcd.core.schema import SchemaError, parse as schema_module, parse_schema
 
 
 def timed_parse(raw: Any, reps: int) -> tuple[float, str]:

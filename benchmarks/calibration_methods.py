@@ -25,14 +25,11 @@ from typing import Any, Sequence
 from benchmarks import public_data, tasks
 from benchmarks.metrics import (Case, balanced_accuracy, confidences, field_accuracy,
                                 gold_label, paired_bootstrap, percentile, true_share)
-from vllm_pcd.core.schema import option_index, value_at
-from vllm_pcd.core.scoring import FieldResult, assemble
-from vllm_pcd.core.scoring import batch_prior
-from vllm_pcd.core.scoring import Row, expected_calibration_error
+from vllm_pcd.core.schema import option_index, parse_schema, value_at
+from vllm_pcd.core.scoring import (FieldResult, Row, assemble, batch_prior, calibrate,
+                                   expected_calibration_error)
 from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import MIN_CASES, fit_profile
-from vllm_pcd.core.schema import parse_schema
-from vllm_pcd.core.scoring import calibrate
 
 DEFAULT, CONTENT_FREE, BASELINE = "pcd_token", "pcd_token_cf", "ar_json"
 METHODS = ["default", "content_free", "batch", "ar_json"]

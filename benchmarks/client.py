@@ -10,9 +10,7 @@ from typing import Any
 
 import openai
 
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import Plan, build_plan
-from vllm_pcd.core.plan import DEFAULT_LAYOUT
+from vllm_pcd.core.plan import DEFAULT_LAYOUT, Options, Plan, build_plan
 from vllm_pcd.core.schema import SchemaSpec, parse_schema
 
 

@@ -33,7 +33,7 @@ from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accu
                                 field_accuracy, first_option_share, label_accuracy, median, p90,
                                 paired_bootstrap, true_share, valid_rate)
 from vllm_pcd.core.scoring import expected_calibration_error, reliability
-from vllm_pcd.core.plan import DEFAULT_LAYOUT, LAYOUTS
+from vllm_pcd.core.plan import DEFAULT_LAYOUT, LAYOUT_NAMES
 
 DEFAULT_DATA = public_data.DEV
 DEFAULT_METHODS = ["pcd_token", "pcd_token_json", "pcd_token_json_next", "pcd_token_cf",
@@ -242,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="leave out every case that --limit N drew (fresh cases beside "
                              "earlier runs)")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
-    parser.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+    parser.add_argument("--layout", choices=LAYOUT_NAMES, default=DEFAULT_LAYOUT,
                         help="where every method is given the field list")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="cases in flight at once (accuracy is the same; latency is not)")

@@ -18,8 +18,8 @@ import openai
 from benchmarks.client import Client, Outcome, Task, Unsupported, computed, error_text
 from benchmarks.route_methods import (floor, pcd_systemone, per_field, vllm_letters,
                                       vllm_systemone)
-from vllm_pcd.core.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, instruction_text,
-                                with_instruction)
+from vllm_pcd.core.plan import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, Formulation, Layout,
+                                instruction_text)
 from vllm_pcd.core.schema import SchemaSpec
 from vllm_pcd.models import fast_dtype
 
@@ -117,7 +117,8 @@ def ar_instruction(spec: SchemaSpec, layout: str = DEFAULT_LAYOUT) -> str:
     for f in spec.fields:
         if f.member:
             label_sets.setdefault(f.keys[:-1], [f]).append(f.keys[-1])
-    lines = [instruction_text([(f, None) for f in spec.fields if not f.member], "json", layout)]
+    lines = [instruction_text([(f, None) for f in spec.fields if not f.member],
+                              Formulation.named("json"), Layout.named(layout))]
     for keys, (first, *labels) in label_sets.items():
         about = f" ({first.description})" if first.description else ""
         lines.append(f"- {'.'.join(keys)}{about}: a list of any of "
@@ -175,8 +176,9 @@ async def structured(client: Client, task: Task, salt: str, idiom: str, pcd: boo
         extra["structured_outputs"], constraint = {"choice": list(options)}, {}
     resp = await client.api.chat.completions.create(
         model=client.model, temperature=0, max_tokens=ar_max_tokens(task), extra_body=extra,
-        messages=with_instruction(task.messages, ar_instruction(task.spec, task.layout),
-                                  task.layout, [f.name for f in task.spec.fields]),
+        messages=Layout.named(task.layout).with_instruction(
+            task.messages, ar_instruction(task.spec, task.layout),
+            [f.name for f in task.spec.fields]),
         **constraint)
     text = resp.choices[0].message.content or ""
     try:

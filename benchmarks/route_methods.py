@@ -11,10 +11,8 @@ import openai
 
 from benchmarks.client import Client, Outcome, Task, Unsupported, complete, computed, error_text
 from benchmarks.letter_reads import letter_prompts
-from vllm_pcd.core.scoring import assemble
-from vllm_pcd.core.scoring import RequestReport
+from vllm_pcd.core.scoring import RequestReport, assemble, field_results
 from vllm_pcd.core.plan import Plan
-from vllm_pcd.core.scoring import field_results
 
 
 async def per_field(client: Client, task: Task, salt: str) -> Outcome:

@@ -4,10 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from vllm_pcd.core.schema import to_json
-from vllm_pcd.core.scoring import assemble
-from vllm_pcd.core.scoring import field_result, log_softmax
-from vllm_pcd.core.schema import FieldSpec, SchemaSpec
+from vllm_pcd.core.schema import FieldSpec, SchemaSpec, to_json
+from vllm_pcd.core.scoring import assemble, field_result, log_softmax
 
 
 def test_log_softmax_renormalises():

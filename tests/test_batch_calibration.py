@@ -6,11 +6,10 @@ import random
 
 import pytest
 
-from vllm_pcd.core.scoring import FieldResult
-from vllm_pcd.core.scoring import MIN_DOCUMENTS, RunningPriors, batch_prior, too_few
+from vllm_pcd.core.scoring import (MIN_DOCUMENTS, FieldResult, RunningPriors, batch_prior,
+                                   calibrate, too_few)
 from vllm_pcd.core.plan import Options
 from vllm_pcd.core.schema import FieldSpec, SchemaError
-from vllm_pcd.core.scoring import calibrate
 
 FIELD = FieldSpec("section", "enum", ("news", "sport", "tech", "arts"))
 

@@ -5,10 +5,9 @@ import math
 import pytest
 
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
-from vllm_pcd.core.scoring import PriorCache, content_free_messages, prior_key
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.scoring import calibrate, field_result
-from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.scoring import (PriorCache, calibrate, content_free_messages, field_result,
+                                   prior_key)
+from vllm_pcd.core.plan import Options, build_plan
 from vllm_pcd.core.schema import FieldSpec, SchemaError, parse_schema
 
 OK = FieldSpec("ok", "boolean", (True, False))

@@ -7,9 +7,7 @@ import pytest
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
 from tests.test_fidelity import reference_candidate_sums, reference_model  # noqa: F401,F811
 from vllm_pcd import constrained
-from vllm_pcd.core.plan import Answered, conditions
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.plan import Answered, Options, build_plan, conditions
 from vllm_pcd.core.schema import SchemaError, parse_schema
 from vllm_pcd.core.scoring import log_softmax
 

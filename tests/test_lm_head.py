@@ -12,11 +12,10 @@ from vllm.inputs import TokensPrompt
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
 from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
 from vllm_pcd import constrained
-from vllm_pcd.core.plan import Options
+from vllm_pcd.core.plan import Options, build_plan
 from vllm_pcd.engine import branch_params
 from vllm_pcd.internals import lm_head, tags
 from vllm_pcd.pipeline import as_messages
-from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import parse_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

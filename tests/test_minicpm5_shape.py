@@ -10,8 +10,7 @@ import pytest
 
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA, computed_tokens, server_args
 from vllm_pcd import standin
-from vllm_pcd.core.plan import build_plan
-from vllm_pcd.core.plan import render_text
+from vllm_pcd.core.plan import build_plan, render_text
 from vllm_pcd.core.schema import SchemaError, parse_schema
 from vllm_pcd.models import minicpm5_shape
 from vllm_pcd.pipeline import as_messages

@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.core.plan import KEYS, Options
-from vllm_pcd.core.plan import build_plan
+from vllm_pcd.core.plan import KEYS, Options, build_plan
 from vllm_pcd.core.schema import SchemaError, parse_schema
 
 
@@ -32,7 +31,7 @@ def test_template_kwargs_give_up_their_options_and_keep_the_rest():
     kwargs = {"pcd_schema": {}, "pcd_mode": "sequence", "pcd_layout": "document_first",
               "enable_thinking": False}
     options = Options.from_template_kwargs(kwargs)
-    assert (options.mode, options.layout) == ("sequence", "document_first")
+    assert (options.mode, options.layout.name) == ("sequence", "document_first")
     assert options.formulation == Options().formulation  # unset options keep their defaults
     assert kwargs == {"pcd_schema": {}, "enable_thinking": False}
 
@@ -62,3 +61,15 @@ def test_the_offline_api_takes_the_options_whole_or_as_keywords_not_both():
 
     with pytest.raises(TypeError, match="not both"):
         constrained(None, MESSAGE, SIX_FIELD_SCHEMA, Options(), mode="sequence")
+
+
+def test_formulation_and_layout_are_resolved_once_and_written_back_by_name():
+    options = Options(formulation="codes", layout="schema_first_recap")
+    assert options.formulation.codes and not options.formulation.json_stem
+    assert options.layout.schema_first and options.layout.after == "recap"
+    assert Options(formulation=options.formulation, layout=options.layout) == options
+    assert options.settings(("formulation", "layout", "mode")) == {
+        "formulation": "codes", "layout": "schema_first_recap", "mode": "token"}
+    with pytest.raises(SchemaError) as info:
+        Options(layout="schema_last")
+    assert info.value.param == "pcd_layout"

@@ -5,11 +5,11 @@ import math
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import build_plan, choose_codes
-from vllm_pcd.core.plan import RECAP, branch_text, instruction_text, with_instruction
-from vllm_pcd.core.plan import SequenceFieldPlan
+from vllm_pcd.core.plan import (DEFAULT_LAYOUT, RECAP, Formulation, Layout, Options,
+                                SequenceFieldPlan, build_plan, choose_codes, instruction_text)
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
+
+JSON, SCHEMA_FIRST = Formulation.named("json"), Layout.named("schema_first")
 
 
 def test_plan_codes_are_single_distinct_tokens_in_context(tokenizer):
@@ -125,20 +125,24 @@ def test_a_template_that_fails_on_the_request_is_the_requests_fault(tokenizer):
 
 
 def test_instruction_joins_the_last_user_turn_or_adds_one():
-    assert with_instruction([{"role": "user", "content": "hi"}], "Q",
-                            "document_first")[-1]["content"] == "hi\n\nQ"
-    msgs = with_instruction([{"role": "user", "content": "hi"},
-                             {"role": "assistant", "content": "yo"}], "Q", "document_first")
+    document_first = Layout.named("document_first")
+    assert document_first.with_instruction([{"role": "user", "content": "hi"}],
+                                           "Q")[-1]["content"] == "hi\n\nQ"
+    msgs = document_first.with_instruction([{"role": "user", "content": "hi"},
+                                            {"role": "assistant", "content": "yo"}], "Q")
     assert msgs[-1] == {"role": "user", "content": "Q"} and len(msgs) == 3
 
 
 def test_instruction_lists_every_option_with_its_code():
     field = FieldSpec("color", "enum", ("red", "green"), "Main colour")
-    assert instruction_text([(field, (" A", " B"))]).endswith(
+    codes, layout = Formulation.named("codes"), Layout.named(DEFAULT_LAYOUT)
+    assert instruction_text([(field, (" A", " B"))], codes, layout).endswith(
         "- color (Main colour): A = red, B = green")
     flag = FieldSpec("ok", "boolean", (True, False))
-    assert instruction_text([(flag, (" true", " false"))]).endswith("- ok: true, false")
-    assert instruction_text([(flag, (" yes", " no"))]).endswith("- ok: yes = true, no = false")
+    assert instruction_text([(flag, (" true", " false"))], codes, layout).endswith(
+        "- ok: true, false")
+    assert instruction_text([(flag, (" yes", " no"))], codes, layout).endswith(
+        "- ok: yes = true, no = false")
 
 
 def test_json_formulation_continues_the_assistants_own_object(tokenizer):
@@ -150,7 +154,7 @@ def test_json_formulation_continues_the_assistants_own_object(tokenizer):
     assert all(isinstance(fp, SequenceFieldPlan) and fp.mode == "token" for fp in plan.fields)
     for fp in plan.fields:
         stem = tokenizer.decode([*plan.shared_ids, *fp.candidates[0][:fp.score_from[0]]])
-        assert stem.split("<|im_start|>assistant\n")[-1].startswith(branch_text(fp.field, "json"))
+        assert stem.split("<|im_start|>assistant\n")[-1].startswith(Formulation.named("json").stem(fp.field))
         assert fp.terminated == (fp.field.kind == "boolean")
         if fp.terminated:  # booleans: the whole value and the terminator
             assert [tokenizer.decode(list(seq[start:]))
@@ -180,8 +184,8 @@ def test_json_formulation_requests(tokenizer):
 
 def test_branch_stems():
     field = FieldSpec("naïve \"x\"", "boolean", (True, False))
-    assert branch_text(field, "json") == '{"naïve \\"x\\"":'
-    assert branch_text(field, "codes") == 'naïve "x":'
+    assert Formulation.named("json").stem(field) == '{"naïve \\"x\\"":'
+    assert Formulation.named("codes").stem(field) == 'naïve "x":'
 
 
 def test_thirty_two_token_fields_fit_one_microbatch(tokenizer):
@@ -210,8 +214,8 @@ def test_schema_first_layout_puts_the_field_list_before_every_document(tokenizer
     assert text.index("the conversation that follows") < text.index("- urgent") \
         < text.index(MESSAGE)
     common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
-    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], "json",
-                                                    "schema_first"), add_special_tokens=False)
+    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], JSON,
+                                                    SCHEMA_FIRST), add_special_tokens=False)
     assert common > len(instruction)  # every document starts from the schema's tokens
     with_system = build_plan(tokenizer, spec, [{"role": "system", "content": "Be terse."},
                                                {"role": "user", "content": MESSAGE}],
@@ -234,8 +238,8 @@ def test_the_restated_layout_shares_the_list_and_names_the_fields_after_the_docu
                        Options(layout="schema_first"))
     common = next(i for i, (a, b) in enumerate(zip(*(p.shared_ids for p in plans))) if a != b)
     assert plans[0].shared_ids[:common] == plain.shared_ids[:common]
-    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], "json",
-                                                    "schema_first"), add_special_tokens=False)
+    instruction = tokenizer.encode(instruction_text([(f, None) for f in spec.fields], JSON,
+                                                    SCHEMA_FIRST), add_special_tokens=False)
     assert common > len(instruction)  # the field list stays the documents' shared prefix
     assert len(plans[0].shared_ids) > len(plain.shared_ids)
 
@@ -255,7 +259,7 @@ def test_the_recap_layout_adds_one_fixed_line_whatever_the_schema(tokenizer):
         assert text.index("- urgent") < text.index(MESSAGE) < text.index(RECAP)
         common = next(i for i, (a, b) in enumerate(zip(recap.shared_ids, plain.shared_ids))
                       if a != b)
-        instruction = instruction_text([(f, None) for f in spec.fields], "json", "schema_first")
+        instruction = instruction_text([(f, None) for f in spec.fields], JSON, SCHEMA_FIRST)
         assert common > len(tokenizer.encode(instruction, add_special_tokens=False))
         added.append(len(recap.shared_ids) - len(plain.shared_ids))
     assert added[0] == added[1] > 0

@@ -4,12 +4,9 @@ constants, label sets, and the bare/choice posing of vLLM's own structured-outpu
 import pytest
 
 from tests.conftest import MESSAGE
-from vllm_pcd.core.scoring import RequestReport
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import ConstantFieldPlan, build_plan
+from vllm_pcd.core.scoring import RequestReport, field_results
+from vllm_pcd.core.plan import ConstantFieldPlan, Options, SequenceFieldPlan, build_plan
 from vllm_pcd.core.schema import SchemaError, parse_schema
-from vllm_pcd.core.scoring import field_results
-from vllm_pcd.core.plan import SequenceFieldPlan
 from tests.test_schema_forms import closed
 
 MESSAGES = [{"role": "user", "content": MESSAGE}]

@@ -6,12 +6,10 @@ import asyncio
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.core.plan import Cancelled, InContext, split_tail
+from vllm_pcd.core.plan import (Cancelled, InContext, build_plan, common_prefix, render_text,
+                                split_tail)
 from vllm_pcd.pipeline import Overloaded, Planner
-from vllm_pcd.core.plan import build_plan
-from vllm_pcd.core.plan import render_text
 from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
-from vllm_pcd.core.plan import common_prefix
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
 

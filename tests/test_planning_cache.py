@@ -6,11 +6,8 @@ import uuid
 
 import pytest
 
-from vllm_pcd.core.plan import in_context
-from vllm_pcd.core.schema import parse as schema_module
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import build_plan
-from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
+from vllm_pcd.core.plan import Options, build_plan, in_context
+from vllm_pcd.core.schema import Limits, SchemaError, parse as schema_module, parse_schema
 
 
 def fresh_schema(**properties):

@@ -13,12 +13,12 @@ import pytest
 from tests.conftest import (MESSAGE, PROFILE_TEMPERATURE, PROFILED_SCHEMA, SUPPORT_SCHEMA,
                             write_test_profile)
 from vllm_pcd.core.scoring import (Identity, OptionBias, Row, Temperature, answer_points,
-                                   balanced_accuracy, choose, expected_calibration_error, folds)
+                                   balanced_accuracy, choose, expected_calibration_error,
+                                   field_result, folds)
 from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, ProfileBook, fit_profile, matches_model,
                                     read_profiles, write_profiles)
 from vllm_pcd.core.schema import FieldSpec, parse_schema
-from vllm_pcd.core.scoring import field_result
 
 
 def drawn(count, options, *, scale=1.0, shift=(), seed=0):

@@ -7,9 +7,7 @@ import torch
 
 from benchmarks import quantized_quality as qq
 from benchmarks.evaluate import DEFAULT_DATA, load_cases
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import build_plan
-from vllm_pcd.core.plan import DEFAULT_FORMULATION
+from vllm_pcd.core.plan import DEFAULT_FORMULATION, Options, build_plan
 from vllm_pcd.core.schema import parse_schema
 
 ROUTES = {k: qq.ROUTES[k] for k in ("torch/fp32", "torch/bf16", "w8a8-torch", "w4a8-torch",

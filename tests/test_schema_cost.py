@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 
 from benchmarks.hostile_schemas import (SCHEMA_FAMILIES, closed, guided_choices, ref_fanout,
                                         surrogate_description)
-from vllm_pcd.core.schema import parse as schema_module
-from vllm_pcd.core.schema import MAX_JSON_DEPTH, measure
+from vllm_pcd.core.schema import (MAX_JSON_DEPTH, Limits, SchemaError, measure, parse as
+                                  schema_module, parse_schema)
 from vllm_pcd.core.plan import raw_prefixes
-from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
 

@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel
 
-from vllm_pcd.core.schema import option_index, value_at
+from vllm_pcd.core.schema import Limits, SchemaError, option_index, parse_schema, value_at
 from vllm_pcd.core.scoring import FieldResult, assemble
-from vllm_pcd.core.schema import Limits, SchemaError, parse_schema
 
 
 class Priority(enum.Enum):

@@ -12,11 +12,9 @@ import json
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import FieldPlan, build_plan
-from vllm_pcd.core.plan import branch_text, instruction_text, render_text, with_instruction
+from vllm_pcd.core.plan import (DEFAULT_LAYOUT, FieldPlan, Formulation, Layout, Options,
+                                build_plan, instruction_text, render_text, serialize)
 from vllm_pcd.core.schema import parse_schema
-from vllm_pcd.core.plan import serialize
 
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
@@ -28,9 +26,11 @@ TEMPLATE = ("{% for m in messages %}[{{ m.role }}]\n{{ m.content }}\n{% endfor %
 @pytest.fixture(scope="module")
 def sp_tokenizer(tmp_path_factory):
     spec = parse_schema(SIX_FIELD_SCHEMA)
-    corpus = [MESSAGE, instruction_text([(f, None) for f in spec.fields], "json"),
-              instruction_text([(f, None) for f in spec.fields], "codes"),
-              *(branch_text(f, "json") + serialize(o) for f in spec.fields for o in f.options),
+    layout, as_json = Layout.named(DEFAULT_LAYOUT), Formulation.named("json")
+    listed = [(f, None) for f in spec.fields]
+    corpus = [MESSAGE, instruction_text(listed, as_json, layout),
+              instruction_text(listed, Formulation.named("codes"), layout),
+              *(as_json.stem(f) + serialize(o) for f in spec.fields for o in f.options),
               *(f"{f.name}: {code}" for f in spec.fields for code in "ABCDEF"),
               "true false yes no , } { : \" [user] [assistant]"] * 20
     model = io.BytesIO()
@@ -48,15 +48,17 @@ def sp_tokenizer(tmp_path_factory):
 
 def _rendered(tokenizer, spec, plan, formulation):
     codes = [fp.codes if isinstance(fp, FieldPlan) else None for fp in plan.fields]
-    instruction = instruction_text(list(zip(spec.fields, codes)), formulation)
-    return render_text(tokenizer, with_instruction([{"role": "user", "content": MESSAGE}],
-                                                   instruction,
-                                                   names=[f.name for f in spec.fields]))
+    layout = Layout.named(DEFAULT_LAYOUT)
+    instruction = instruction_text(list(zip(spec.fields, codes)), Formulation.named(formulation),
+                                   layout)
+    return render_text(tokenizer, layout.with_instruction([{"role": "user", "content": MESSAGE}],
+                                                          instruction,
+                                                          [f.name for f in spec.fields]))
 
 
 def _value_texts(fp, formulation):
     """Each option's whole continuation, with the terminator its plan scores."""
-    stem = branch_text(fp.field, formulation)
+    stem = Formulation.named(formulation).stem(fp.field)
     if isinstance(fp, FieldPlan):
         return [stem + code for code in fp.codes]
     return [stem + serialize(option, fp.terminator or "", fp.space) for option in fp.field.options]
@@ -85,7 +87,7 @@ def test_the_tokenizer_writes_a_dummy_prefix_at_a_texts_start(sp_tokenizer):
     """What makes the test above able to fail: the stem alone does not tokenize as it does in
     context, so planning from the stem's own tokens would score other tokens. (This model
     also merges the newline before `{`: the shared context then ends one token earlier.)"""
-    stem = branch_text(parse_schema(SIX_FIELD_SCHEMA).fields[0], "json")
+    stem = Formulation.named("json").stem(parse_schema(SIX_FIELD_SCHEMA).fields[0])
     alone = sp_tokenizer.encode(stem, add_special_tokens=False)
     context = sp_tokenizer.encode("[assistant]\n", add_special_tokens=False)
     in_context = sp_tokenizer.encode("[assistant]\n" + stem, add_special_tokens=False)

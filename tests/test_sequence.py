@@ -9,9 +9,9 @@ from tests.conftest import MESSAGE
 from tests.test_fidelity import TOLERANCE
 from vllm_pcd import constrained
 from vllm_pcd.engine import TRIE_ENV, schedule
-from vllm_pcd.core.plan import FieldPlan, Options, build_plan
+from vllm_pcd.core.plan import (FieldPlan, Options, SequenceFieldPlan, build_plan,
+                                build_sequence_field, serialize)
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, parse_schema
-from vllm_pcd.core.plan import SequenceFieldPlan, build_sequence_field, serialize
 from vllm_pcd.core.scoring import edge_logprobs
 
 TRICKY = {

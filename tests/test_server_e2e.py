@@ -9,10 +9,9 @@ import pytest
 from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, MESSAGE, SERVER_ARGS,
                             PROFILE_TEMPERATURE, PROFILED_SCHEMA, SIX_FIELD_SCHEMA,
                             SUPPORT_SCHEMA, computed_tokens)
-from vllm_pcd.core.plan import Options
+from vllm_pcd.core.plan import Options, build_plan
 from vllm_pcd.launch import serve
 from vllm_pcd.pipeline import as_messages
-from vllm_pcd.core.plan import build_plan
 from vllm_pcd.core.schema import parse_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

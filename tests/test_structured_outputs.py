@@ -14,8 +14,7 @@ from pydantic import BaseModel, Field
 
 from tests.conftest import API_KEY
 from vllm_pcd.compat import vllm_version
-from vllm_pcd.core.scoring import FieldResult
-from vllm_pcd.core.scoring import draw_values, value_distribution
+from vllm_pcd.core.scoring import FieldResult, draw_values, value_distribution
 from vllm_pcd.core.schema import FieldSpec
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

@@ -17,9 +17,7 @@ from tests.conftest import API_KEY, MESSAGE, SIX_FIELD_SCHEMA, computed_tokens, 
 from tests.test_fidelity import reference_candidate_sums, reference_scores
 from tests.test_server_e2e import pcd
 from vllm_pcd import quantized_checkpoint as qc
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import build_plan
-from vllm_pcd.core.plan import DEFAULT_FORMULATION
+from vllm_pcd.core.plan import DEFAULT_FORMULATION, Options, build_plan
 from vllm_pcd.core.schema import parse_schema
 from vllm_pcd.launch import serve
 from vllm_pcd.pipeline import as_messages

@@ -22,13 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from vllm_pcd.core.schema import option_index, value_at
-from vllm_pcd.core.scoring import FieldResult
-from vllm_pcd.core.scoring import OBJECTIVES, Row, expected_calibration_error
+from vllm_pcd.core.schema import SchemaSpec, option_index, parse_schema, value_at
+from vllm_pcd.core.scoring import OBJECTIVES, FieldResult, Row, expected_calibration_error
 from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import (MIN_CASES, Profile, fit_profile, schema_fingerprint,
                                     write_profiles)
-from vllm_pcd.core.schema import SchemaSpec, parse_schema
 
 
 def read_cases(path: str | Path) -> list[dict[str, Any]]:

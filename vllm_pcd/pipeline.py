@@ -21,16 +21,14 @@ from typing import Any, Callable, Iterator, Sequence
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
-from vllm_pcd.core.scoring import RunningPriors, batch_prior, too_few
-from vllm_pcd.core.scoring import PendingPrior, PriorCache, content_free_messages
-from vllm_pcd.core.plan import Answered, read_values
+from vllm_pcd.core.scoring import (PendingPrior, PriorCache, RunningPriors, batch_prior,
+                                   content_free_messages, too_few)
+from vllm_pcd.core.plan import (KEYS, Answered, Options, Plan, build_plan, common_prefix,
+                                read_values)
 from vllm_pcd.core.config import pcd_config
-from vllm_pcd.core.plan import KEYS, Options
-from vllm_pcd.core.plan import Plan, build_plan
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
 from vllm_pcd.core.result import PCDResult, Round, finish
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema
-from vllm_pcd.core.plan import common_prefix
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
 

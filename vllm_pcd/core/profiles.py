@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from vllm_pcd.core.scoring import FieldResult
-from vllm_pcd.core.scoring import (METHODS, Calibrator, Identity, Row, answer_points,
+from vllm_pcd.core.scoring import (METHODS, Calibrator, FieldResult, Identity, Row, answer_points,
                                    balanced_accuracy, calibrator_from_dict, choose,
                                    expected_calibration_error, halves, reliability, stepwise_kept)
 from vllm_pcd.core.plan import Options
@@ -209,7 +208,7 @@ def fit_profile(model: str, schema: dict[str, Any], options: Options,
             "threshold": threshold, "chosen_for_accuracy": flag_below_accuracy,
             "share": 1 - len(kept) / len(points["profile"]),
             "accuracy_above": sum(kept) / len(kept) if kept else None}
-    profile = Profile(model, schema, {name: getattr(options, name) for name in MATCHED_OPTIONS},
+    profile = Profile(model, schema, options.settings(MATCHED_OPTIONS),
                       fields, {name: threshold for name in fields} if threshold is not None
                       else {}, held_out)
     return profile, points

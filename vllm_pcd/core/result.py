@@ -10,15 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vllm_pcd.core.schema import to_json
-from vllm_pcd.core.scoring import FieldResult, assemble
-from vllm_pcd.core.scoring import Prior
-from vllm_pcd.core.scoring import Execution
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import Plan
+from vllm_pcd.core.schema import SchemaSpec, to_json
+from vllm_pcd.core.scoring import Execution, FieldResult, Prior, assemble, calibrate, field_results
+from vllm_pcd.core.plan import Options, Plan
 from vllm_pcd.core.profiles import Profile
-from vllm_pcd.core.schema import SchemaSpec
-from vllm_pcd.core.scoring import calibrate, field_results
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.logger import init_logger
 
 from vllm_pcd.core.scoring import RunningPriors
-from vllm_pcd.core.plan import KEYS, Options
-from vllm_pcd.core.plan import check_conversation
+from vllm_pcd.core.plan import KEYS, Options, check_conversation
 from vllm_pcd.core.result import PCDResult
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, shown
 from vllm_pcd.internals.lm_head import configured_route

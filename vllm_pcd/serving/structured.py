@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from vllm_pcd.core.schema import object_of, to_json
-from vllm_pcd.core.plan import Options
-from vllm_pcd.core.plan import raw_prefixes
+from vllm_pcd.core.schema import (Limits, SchemaError, SchemaSpec, object_of, parse_schema, shown,
+                                  to_json)
+from vllm_pcd.core.plan import Options, raw_prefixes
 from vllm_pcd.core.scoring import draw_values
-from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema, shown
 from vllm_pcd.serving.errors import ErrorAnswer, client_fault
 from vllm_pcd.serving.openai_shapes import completion, plain_messages
 from vllm_pcd.serving.service import PCDService

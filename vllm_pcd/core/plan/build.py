@@ -19,18 +19,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Sequence
 
 from vllm_pcd.core import scoring
-from vllm_pcd.core.scoring import FieldResult
 from vllm_pcd.core.plan.conditioning import (Answered, check, conditions, fork_reads, round_fields,
                                              rounds_needed, written)
-from vllm_pcd.core.scoring import RequestReport
 from vllm_pcd.core.plan.in_context import InContext
 from vllm_pcd.core.plan.options import Options
-from vllm_pcd.core.plan.prompt import (FORMULATIONS, NEXT_IN_OBJECT, Tokenizer, branch_text,
-                                       check_conversation, instruction_text, render_text,
-                                       with_instruction)
+from vllm_pcd.core.plan.prompt import (Formulation, Tokenizer, check_conversation,
+                                       instruction_text, raw_prefixes, render_text)
+from vllm_pcd.core.plan.sequence import SequenceFieldPlan, build_sequence_field, candidate_texts
 from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, SchemaSpec
-from vllm_pcd.core.plan.sequence import (SequenceFieldPlan, build_sequence_field, candidate_texts,
-                                         serialize)
+from vllm_pcd.core.scoring import FieldResult, RequestReport
 
 # Code alphabets tried in order for enum fields; each code is written after "name:" with a space.
 _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
@@ -38,6 +35,8 @@ _ENUM_ALPHABETS: tuple[tuple[str, ...], ...] = (
     tuple(" " + chr(c) for c in range(ord("a"), ord("z") + 1)),
     tuple(f" {d}" for d in range(10)) + tuple(f" {d}" for d in range(10, 100)),
 )
+# Codes are chosen where they are written: after `name:` (the codes formulation's stem).
+_CODES = Formulation.named("codes")
 # Booleans answer with the model's natural words when they are single tokens.
 _BOOLEAN_ALPHABETS: tuple[tuple[str, str], ...] = ((" true", " false"), (" yes", " no"),
                                                    (" A", " B"))
@@ -172,23 +171,16 @@ def scorings_of(fields: Sequence[AnyFieldPlan], full_vocabulary: bool) -> tuple[
                          and token_mode[s.field_index]) for s in out)
 
 
-def _check_formulation(schema: SchemaSpec, formulation: str) -> None:
+def _check_formulation(schema: SchemaSpec, formulation: Formulation) -> None:
     """A `raw` reply (guided choice) is one value's own text: one field of strings, none the
     start of another (with nothing after the reply to tell them apart)."""
-    if not FORMULATIONS[formulation].raw:
+    if not formulation.raw:
         return
     options = schema.fields[0].options if len(schema.fields) == 1 else (None,)
     if not all(isinstance(o, str) for o in options) or raw_prefixes(options):
-        raise SchemaError(f"pcd_formulation {formulation} answers one field of string values, "
+        raise SchemaError(f"pcd_formulation {formulation.name} answers one field of string values, "
                           "none of which starts another", param="pcd_formulation",
                           rule="formulation")
-
-
-def raw_prefixes(choices: Sequence[str]) -> bool:
-    """Whether one choice's text starts another's. In sorted order a text that starts
-    another also starts the one right after it, so neighbours suffice (n log n)."""
-    ordered = sorted(set(choices))
-    return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
 def _codes_in_context(tokenizer: Tokenizer, prefix: str, codes: Sequence[str]) -> list[int] | None:
@@ -205,7 +197,7 @@ def _codes_in_context(tokenizer: Tokenizer, prefix: str, codes: Sequence[str]) -
 
 def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
     alphabets = _BOOLEAN_ALPHABETS if field.kind == "boolean" else _ENUM_ALPHABETS
-    prefix = branch_text(field)
+    prefix = _CODES.stem(field)
     for alphabet in alphabets:
         if len(alphabet) < len(field.options):
             continue
@@ -217,22 +209,6 @@ def choose_codes(tokenizer: Tokenizer, field: FieldSpec) -> tuple[tuple[str, ...
                       f"codes fits {len(field.options)} options with this tokenizer; use "
                       '"x-pcd-mode": "sequence" for this field',
                       param=f"pcd_schema.properties.{field.name}", rule="codes")
-
-
-def _value_end(field: FieldSpec, formulation: str, beside: int, before: int) -> str | None:
-    """`beside`: the keys of the object that holds the field's value; `before`: the keys the
-    branch writes ahead of this one (the values it reads). A field whose values are text
-    prefixes of each other (`1` and `10`) is scored whole, up to what follows it."""
-    end = getattr(FORMULATIONS[formulation], f"{field.kind}_end")
-    if end is None and _prefix_of_another(field):
-        end = NEXT_IN_OBJECT
-    if end == NEXT_IN_OBJECT:  # the object closes after its last key (on a line of its own)
-        return "," if beside > before + 1 else "\n" if FORMULATIONS[formulation].indent else "}"
-    return end
-
-
-def _prefix_of_another(field: FieldSpec) -> bool:
-    return raw_prefixes([serialize(o, "", "") for o in field.options])
 
 
 def keys_beside(schema: SchemaSpec, field: FieldSpec) -> int:
@@ -260,23 +236,23 @@ class _FieldText:
         return candidate_texts(self.field, self.stem, self.terminator, self.space, self.raw)
 
 
-def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: str,
+def _field_text(tokenizer: Tokenizer, field: FieldSpec, mode: str, formulation: Formulation,
                 beside: int, read: Sequence[tuple[FieldSpec, Any]] = ()) -> _FieldText:
     """`read`: the fields (and chosen values) the branch writes before this one's key."""
-    stem = branch_text(field, formulation)
-    if mode == "token" and formulation == "codes":
+    stem = formulation.stem(field)
+    if mode == "token" and formulation.codes:
         return _FieldText(field, mode, stem, None, choose_codes(tokenizer, field)[0])
-    written_as = FORMULATIONS[formulation]
     if read:  # json stems: `{"name":` becomes `{"a": true, "name":`
-        head = written_as.opening
-        stem = head + written(read, written_as.space, written_as.between) + stem[len(head):]
-    terminator = "\n" if mode == "sequence" else _value_end(field, formulation, beside, len(read))
-    return _FieldText(field, mode, stem, terminator, None, written_as.space, written_as.raw)
+        head = formulation.opening
+        stem = head + written(read, formulation.space, formulation.between) + stem[len(head):]
+    terminator = ("\n" if mode == "sequence"
+                  else formulation.value_end(field, beside, len(read)))
+    return _FieldText(field, mode, stem, terminator, None, formulation.space, formulation.raw)
 
 
 def _field_plan(encode: InContext, text: _FieldText, limits: Limits) -> AnyFieldPlan:
     """A token-mode field's plan: single-token codes, or values scored up to their unique
-    prefix or whole with a terminator, as its formulation says (`FORMULATIONS`)."""
+    prefix or whole with a terminator, as its formulation says (`Formulation.value_end`)."""
     field = text.field
     if len(field.options) == 1:
         return ConstantFieldPlan(field)
@@ -323,8 +299,8 @@ def build_plan(tokenizer: Tokenizer, schema: SchemaSpec, messages: list[dict[str
     texts = [_field_text(tokenizer, f, f.mode or options.mode, formulation,
                          keys_beside(schema, f)) for f in schema.fields]
     instruction = instruction_text([(t.field, t.codes) for t in texts], formulation, layout)
-    rendered = render_text(tokenizer, with_instruction(messages, instruction, layout,
-                                                       [t.field.name for t in texts]),
+    rendered = render_text(tokenizer, layout.with_instruction(messages, instruction,
+                                                              [t.field.name for t in texts]),
                            template_kwargs, chat_template)
     context = tokenizer.encode(rendered, add_special_tokens=False)
     if len(context) + 1 > limits.max_prompt_tokens:

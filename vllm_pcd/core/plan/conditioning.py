@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from vllm_pcd.core.plan.options import Options
-from vllm_pcd.core.plan.prompt import FORMULATIONS
 from vllm_pcd.core.schema import FieldSpec, SchemaError, SchemaSpec
 
 # An engine request forks at most this many earlier prompt lengths (tags allow 16, and
@@ -82,7 +81,7 @@ def check(spec: SchemaSpec, options: Options) -> None:
     prompts depend on the values chosen for the document)."""
     if not any(conditions(spec, options.joint)):
         return
-    if not FORMULATIONS[options.formulation].json_stem:
+    if not options.formulation.json_stem:
         raise SchemaError("conditioned fields (pcd_joint, x-pcd-after) continue the JSON "
                           "object: use a json formulation, not codes", param="pcd_formulation",
                           rule="conditioned")

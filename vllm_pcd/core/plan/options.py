@@ -9,18 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from vllm_pcd.core.scoring import DECISIONS
-from vllm_pcd.core.plan.prompt import DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATIONS, LAYOUTS
+from vllm_pcd.core.scoring import CALIBRATIONS, DECISIONS, NORMALIZATIONS
+from vllm_pcd.core.plan.prompt import (DEFAULT_FORMULATION, DEFAULT_LAYOUT, FORMULATION_NAMES,
+                                       LAYOUT_NAMES, Formulation, Layout)
 from vllm_pcd.core.schema import MODES, SchemaError, shown
-from vllm_pcd.core.scoring import CALIBRATIONS, NORMALIZATIONS
 
 # The request's `chat_template_kwargs` key of each client-settable option.
 KEYS = {"mode": "pcd_mode", "normalization": "pcd_normalization",
         "formulation": "pcd_formulation", "layout": "pcd_layout",
         "calibration": "pcd_calibration", "joint": "pcd_joint", "decision": "pcd_decision"}
 _CHOICES = {"mode": MODES, "normalization": tuple(NORMALIZATIONS),
-            "formulation": tuple(FORMULATIONS), "layout": LAYOUTS, "calibration": CALIBRATIONS,
+            "formulation": FORMULATION_NAMES, "layout": LAYOUT_NAMES, "calibration": CALIBRATIONS,
             "decision": tuple(DECISIONS)}
+# The options given by name and held resolved.
+_RESOLVED = {"formulation": Formulation, "layout": Layout}
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,14 @@ class Options:
     chosen before it (`conditioning`). `decision` chooses each field's value from its
     scores (`scoring.decision`). `full_vocabulary` keeps the stock LM head for every scoring, so each
     field also reports its options' mass over the whole vocabulary (the decision routes ask
-    for it; a client of the chat route cannot)."""
+    for it; a client of the chat route cannot). `formulation` and `layout` are given by name
+    and held resolved (`prompt.Formulation`, `prompt.Layout`), so nothing below compares
+    their names."""
 
     mode: str = "token"
     normalization: str = "sum"
-    formulation: str = DEFAULT_FORMULATION
-    layout: str = DEFAULT_LAYOUT
+    formulation: Formulation = Formulation.named(DEFAULT_FORMULATION)
+    layout: Layout = Layout.named(DEFAULT_LAYOUT)
     calibration: str = "none"
     joint: bool = False
     decision: str = "auto"
@@ -45,6 +49,8 @@ class Options:
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
+            if isinstance(value, _RESOLVED.get(name, ())):
+                continue
             if not isinstance(value, str) or value not in choices:
                 raise SchemaError(f"{KEYS[name]} must be one of {list(choices)}, got "
                                   f"{shown(value)}", param=KEYS[name], rule=name)
@@ -54,6 +60,15 @@ class Options:
                 key = KEYS.get(name, name)
                 raise SchemaError(f"{key} must be a boolean, got {shown(value)}", param=key,
                                   rule=name)
+        for name, kind in _RESOLVED.items():
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, kind.named(getattr(self, name)))
+
+    def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The named options as a request writes them (JSON: a formulation or layout by name)."""
+        values = {name: getattr(self, name) for name in names}
+        return {name: v.name if isinstance(v, (Formulation, Layout)) else v
+                for name, v in values.items()}
 
     @classmethod
     def from_template_kwargs(cls, kwargs: dict[str, Any]) -> Options:

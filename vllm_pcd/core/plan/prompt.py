@@ -11,25 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from vllm_pcd.core.schema import measure
-from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, shown
+from vllm_pcd.core.schema import FieldSpec, Limits, SchemaError, measure, shown
 from vllm_pcd.core.plan.sequence import serialize
 
 JSON_HEADER = ("Answer about the conversation above with a JSON object that has exactly the "
                "fields below, each set to one of the values listed for it.")
 CODES_HEADER = ("Answer about the conversation above. For each field below, choose exactly one "
                 "option; where options have codes, answer with the code.")
-# Where the field list goes: after the conversation (in its last user turn), or before it in
-# a system turn, so that documents asked the same schema share its tokens (and their KV);
-# `schema_first_restated` also names the fields again after the conversation, in one line,
-# so the model reads the question after the text as well, and the list stays shared;
-# `schema_first_recap` says the same in one fixed line that names no field, so what it adds
-# to each document does not grow with the schema; `schema_first_auto` restates a lone field
-# by name and recaps two or more (each read better there: README, Accuracy).
-# `bare` adds nothing: the conversation as the client sent it, for clients that wrote their
-# prompt for vLLM's own grammar decoding (structured outputs), which shows the model no schema.
-LAYOUTS = ("document_first", "schema_first", "schema_first_restated", "schema_first_recap",
-           "schema_first_auto", "bare")
 RESTATEMENT = "Now answer the fields listed before the conversation ({names}) about it."
 RECAP = "Now answer the fields listed before the conversation about it."
 NEXT_IN_OBJECT = "json"  # a terminator: what follows the value in the object (`,` or `}`)
@@ -44,6 +32,7 @@ class Formulation:
     with single-token option codes. `raw` (guided choice): the reply is the value's own
     text, with no stem and no JSON quoting."""
 
+    name: str
     header: str
     json_stem: bool
     boolean_end: str | None = None
@@ -51,6 +40,15 @@ class Formulation:
     space: str = " "  # between the key's colon and the value
     raw: bool = False
     indent: str = ""  # one level of an indented object's keys ("": the object on one line)
+
+    @classmethod
+    def named(cls, name: str) -> Formulation:
+        return _BY_NAME[name]
+
+    @property
+    def codes(self) -> bool:
+        """Token-mode fields answer with single-token option codes, not their values."""
+        return not self.json_stem and not self.raw
 
     @property
     def opening(self) -> str:
@@ -66,18 +64,108 @@ class Formulation:
         """What follows a value's comma before the next key."""
         return "\n" + self.indent if self.indent else self.space
 
+    def stem(self, field: FieldSpec) -> str:
+        """The start of the assistant's answer for one field: `{"a": {"b":` for a nested
+        field, `name:` for codes, nothing where the reply is the value itself."""
+        if self.raw:
+            return ""
+        if self.json_stem:
+            levels = [self.opening_at(depth) + json.dumps(key, ensure_ascii=False)
+                      for depth, key in enumerate(field.keys, start=1)]
+            return (":" + self.space).join(levels) + ":"
+        return f"{field.name}:"
 
-FORMULATIONS = {
-    "json": Formulation(JSON_HEADER, True, boolean_end="\n"),
-    "json_next": Formulation(JSON_HEADER, True, NEXT_IN_OBJECT, NEXT_IN_OBJECT),
-    "json_prefix": Formulation(JSON_HEADER, True),
+    def value_end(self, field: FieldSpec, beside: int, before: int) -> str | None:
+        """What a token-mode value is scored up to (None: its unique prefix). `beside`: the
+        keys of the object that holds the field's value; `before`: the keys the branch writes
+        ahead of this one. A field whose values are text prefixes of each other (`1` and `10`)
+        is scored whole, up to what follows it."""
+        end = self.boolean_end if field.kind == "boolean" else self.enum_end
+        if end is None and raw_prefixes([serialize(o, "", "") for o in field.options]):
+            end = NEXT_IN_OBJECT
+        if end == NEXT_IN_OBJECT:  # the object closes after its last key (on a line of its own)
+            return "," if beside > before + 1 else "\n" if self.indent else "}"
+        return end
+
+
+FORMULATIONS = (
+    Formulation("json", JSON_HEADER, True, boolean_end="\n"),
+    Formulation("json_next", JSON_HEADER, True, NEXT_IN_OBJECT, NEXT_IN_OBJECT),
+    Formulation("json_prefix", JSON_HEADER, True),
     # as compact JSON writes it (and AR JSON under `disable_any_whitespace`): `{"name":true`
-    "json_tight": Formulation(JSON_HEADER, True, space=""),
+    Formulation("json_tight", JSON_HEADER, True, space=""),
     # as instruction models write it (and AR JSON did here): `{\n  "name": ` on its own line
-    "json_indented": Formulation(JSON_HEADER, True, indent="  "),
-    "codes": Formulation(CODES_HEADER, False),
-    "choice": Formulation(JSON_HEADER, False, space="", raw=True),
-}
+    Formulation("json_indented", JSON_HEADER, True, indent="  "),
+    Formulation("codes", CODES_HEADER, False),
+    Formulation("choice", JSON_HEADER, False, space="", raw=True),
+)
+_BY_NAME = {f.name: f for f in FORMULATIONS}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the field list goes. After the conversation (in its last user turn), or
+    `schema_first`: before it in a system turn, so that documents asked the same schema share
+    its tokens (and their KV). A schema-first layout may add one line after the conversation
+    (`after`): `restated` names the fields again, so the model reads the question after the
+    text as well and the list stays shared; `recap` says the same in one fixed line that
+    names no field, so what it adds to each document does not grow with the schema; `auto`
+    restates a lone field by name and recaps two or more (each read better there: README,
+    Accuracy). `bare` adds nothing: the conversation as the client sent it, for clients that
+    wrote their prompt for vLLM's own grammar decoding (structured outputs), which shows the
+    model no schema."""
+
+    name: str
+    schema_first: bool = False
+    after: str | None = None  # None, "restated", "recap" or "auto"
+    bare: bool = False
+
+    @classmethod
+    def named(cls, name: str) -> Layout:
+        return _LAYOUTS_BY_NAME[name]
+
+    def header(self, header: str) -> str:
+        """A formulation's header, pointing where the conversation is."""
+        if self.schema_first:
+            return header.replace("the conversation above", "the conversation that follows")
+        return header
+
+    def with_instruction(self, messages: list[dict[str, Any]], instruction: str,
+                         names: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """The conversation with the field list (`instruction`) placed as this layout says;
+        `names` are the fields a restatement names."""
+        messages = [dict(m) for m in messages]
+        if self.bare:
+            return messages
+        if not self.schema_first:
+            return _after_the_conversation(messages, instruction)
+        first = messages[0] if messages else None
+        if first is not None and first.get("role") == "system" \
+                and isinstance(first.get("content"), str):
+            first["content"] = f"{instruction}\n\n{first['content']}"
+        else:
+            messages.insert(0, {"role": "system", "content": instruction})
+        after = self.after
+        if after == "auto":
+            after = "restated" if len(names) == 1 else "recap"
+        if after == "restated":
+            return _after_the_conversation(messages, RESTATEMENT.format(names=", ".join(names)))
+        if after == "recap":
+            return _after_the_conversation(messages, RECAP)
+        return messages
+
+
+LAYOUTS = (
+    Layout("document_first"),
+    Layout("schema_first", schema_first=True),
+    Layout("schema_first_restated", schema_first=True, after="restated"),
+    Layout("schema_first_recap", schema_first=True, after="recap"),
+    Layout("schema_first_auto", schema_first=True, after="auto"),
+    Layout("bare", bare=True),
+)
+_LAYOUTS_BY_NAME = {layout.name: layout for layout in LAYOUTS}
+FORMULATION_NAMES = tuple(_BY_NAME)
+LAYOUT_NAMES = tuple(_LAYOUTS_BY_NAME)
 # Picked on the public tasks (benchmarks.evaluate, Qwen2.5-Coder-1.5B, 900 cases): unique
 # prefixes 60.9% field accuracy, the newline terminator 56.5% (it leans to `false` there:
 # 21% `true` against 49% in the gold, though it won on the dev set it was tuned on), whole
@@ -109,13 +197,10 @@ def _option_label(field: FieldSpec, code: str | None, option: Any) -> str:
 
 
 def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
-                     formulation: str = "codes", layout: str = DEFAULT_LAYOUT) -> str:
+                     formulation: Formulation, layout: Layout) -> str:
     """The field list given with the conversation; shared by every branch. Fields with codes
     show them; the others (codes None) show their JSON values."""
-    header = FORMULATIONS[formulation].header
-    if layout.startswith("schema_first"):
-        header = header.replace("the conversation above", "the conversation that follows")
-    lines = [header]
+    lines = [layout.header(formulation.header)]
     for field, codes in fields:
         about = f" ({field.description})" if field.description else ""
         shown_codes = codes if codes is not None else [None] * len(field.options)
@@ -124,45 +209,11 @@ def instruction_text(fields: Sequence[tuple[FieldSpec, Sequence[str] | None]],
     return "\n".join(lines)
 
 
-def branch_text(field: FieldSpec, formulation: str = "codes") -> str:
-    """The start of the assistant's answer for one field: its stem (`{"a": {"b":` for a
-    nested field; nothing where the reply is the value itself)."""
-    written = FORMULATIONS[formulation]
-    if written.raw:
-        return ""
-    if written.json_stem:
-        levels = [written.opening_at(depth) + json.dumps(key, ensure_ascii=False)
-                  for depth, key in enumerate(field.keys, start=1)]
-        return (":" + written.space).join(levels) + ":"
-    return f"{field.name}:"
-
-
-def with_instruction(messages: list[dict[str, Any]], instruction: str,
-                     layout: str = DEFAULT_LAYOUT, names: Sequence[str] = ()
-                     ) -> list[dict[str, Any]]:
-    """The conversation with the field list: appended to the last user turn (or as a new
-    one, keeping roles alternating), or schema-first at the head of the system turn, where
-    `schema_first_restated` also appends the restatement of the field `names`,
-    `schema_first_recap` its fixed recap line, and `schema_first_auto` the first for one
-    field, the second for more."""
-    messages = [dict(m) for m in messages]
-    if layout == "bare":
-        return messages
-    if not layout.startswith("schema_first"):
-        return _after_the_conversation(messages, instruction)
-    first = messages[0] if messages else None
-    if first is not None and first.get("role") == "system" \
-            and isinstance(first.get("content"), str):
-        first["content"] = f"{instruction}\n\n{first['content']}"
-    else:
-        messages.insert(0, {"role": "system", "content": instruction})
-    if layout == "schema_first_auto":
-        layout = "schema_first_restated" if len(names) == 1 else "schema_first_recap"
-    if layout == "schema_first_restated":
-        return _after_the_conversation(messages, RESTATEMENT.format(names=", ".join(names)))
-    if layout == "schema_first_recap":
-        return _after_the_conversation(messages, RECAP)
-    return messages
+def raw_prefixes(choices: Sequence[str]) -> bool:
+    """Whether one choice's text starts another's. In sorted order a text that starts
+    another also starts the one right after it, so neighbours suffice (n log n)."""
+    ordered = sorted(set(choices))
+    return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
 def _after_the_conversation(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
