@@ -32,11 +32,8 @@ from benchmarks.harness import provenance  # noqa: E402
 from benchmarks.client import load_tokenizer  # noqa: E402
 from benchmarks.metrics import median  # noqa: E402
 from vllm_pcd_kernels import project  # noqa: E402
-from vllm_pcd.core.scoring import FieldResult  # noqa: E402
-from vllm_pcd.core.scoring import RequestReport  # noqa: E402
-from vllm_pcd.core.plan import Options  # noqa: E402
-from vllm_pcd.core.plan import Plan, build_plan  # noqa: E402
-from vllm_pcd.core.plan import DEFAULT_FORMULATION  # noqa: E402
+from vllm_pcd.core.plan import DEFAULT_FORMULATION, Options, Plan, build_plan  # noqa: E402
+from vllm_pcd.core.scoring import FieldResult, RequestReport  # noqa: E402
 from vllm_pcd.core.schema import parse_schema  # noqa: E402
 
 # label -> (kernels route, dtype of the head it projects)
