@@ -27,7 +27,7 @@ from vllm_pcd.core.plan import (KEYS, Answered, Options, Plan, build_plan, commo
                                 read_values)
 from vllm_pcd.core.config import pcd_config
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
-from vllm_pcd.core.result import PCDResult, Round, finish
+from vllm_pcd.core.result import PCDResult, Round, Rounds, finish
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
@@ -215,19 +215,20 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
                                  cache_salt=cache_salt)
         ran = dict(zip(missing, executions[len(plans):]))
         resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
-        calls = [[Round.scored(p, ex, options)]
-                 for p, ex in zip(plans, executions)]
+        calls = [Rounds(options) for _ in plans]
+        for call, plan, execution in zip(calls, plans, executions):
+            call.add(plan, execution)
         # A conditioned round of every document that has one, submitted together.
-        while todo_now := [(k, call) for k, call in enumerate(calls) if call[-1].plan.leaves]:
+        while todo_now := [(k, call) for k, call in enumerate(calls) if not call.complete]:
             start = time.perf_counter()
-            later = [plan_of(as_messages(docs[k]), answered(call)) for k, call in todo_now]
+            later = [plan_of(as_messages(docs[k]), call.answered) for k, call in todo_now]
             plan_s += (time.perf_counter() - start) / len(plans)
             for (_, call), plan, execution in zip(todo_now, later, run_offline(
                     llm, later, branches_per_batch=limits.max_branches_per_batch,
                     cache_salt=cache_salt)):
-                call.append(Round.scored(plan, execution, options))
-        results += [finish(spec, call, plan_s, route, resolved.get(empty),
-                           read_values(spec, options.joint, answered(call).values), profile)
+                call.add(plan, execution)
+        results += [finish(spec, call.done, plan_s, route, resolved.get(empty),
+                           read_values(spec, options.joint, call.answered.values), profile)
                     for call, empty in zip(calls, empties)]
     if options.calibration == "batch":
         results = calibrated_by_batch(spec, results, route)
@@ -242,14 +243,6 @@ def calibrated_by_batch(spec: SchemaSpec, results: list[PCDResult], route: str |
     if prior is None:
         return [replace(r, calibration=too_few(len(results))) for r in results]
     return [finish(spec, r.rounds, r.plan_s, route, prior) for r in results]
-
-
-def answered(rounds: Sequence[Round]) -> Answered:
-    """What a call's rounds so far settled."""
-    out = Answered()
-    for round_ in rounds:
-        out = out.then(round_.plan, round_.fields)
-    return out
 
 
 @dataclass(frozen=True)
@@ -319,17 +312,18 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
             prior = pending.resolve()
     if execution is None:
         execution = await execute(plan, call.request_id)
-    rounds = [Round.scored(plan, execution, options)]
-    while rounds[-1].plan.leaves:
+    rounds = Rounds(options)
+    rounds.add(plan, execution)
+    while not rounds.complete:
         start = time.perf_counter()
-        plan = await plan_of(messages, answered(rounds))
+        plan = await plan_of(messages, rounds.answered)
         plan_s += time.perf_counter() - start
-        rid = call.request_id and f"{call.request_id}-r{len(rounds)}"
-        rounds.append(Round.scored(plan, await execute(plan, rid), options))
-    conditioned = read_values(spec, options.joint, answered(rounds).values)
+        rid = call.request_id and f"{call.request_id}-r{len(rounds.done)}"
+        rounds.add(plan, await execute(plan, rid))
+    conditioned = read_values(spec, options.joint, rounds.answered.values)
     if options.calibration == "batch":
-        return by_running_batch(online, spec, rounds, plan_s, options, call, conditioned)
-    return finish(spec, rounds, plan_s, online.projection_route, prior, conditioned,
+        return by_running_batch(online, spec, rounds.done, plan_s, options, call, conditioned)
+    return finish(spec, rounds.done, plan_s, online.projection_route, prior, conditioned,
                   online.profiles.find(spec, options))
 
 

@@ -1,18 +1,18 @@
 """A PCD call's answer: the typed object, each field's result, and what it cost.
 
-`finish` turns a plan and the engine's reports into it: every field scored (`scoring`),
-calibrated against a content-free prior or by a fitted profile when one is given, assembled
-into the object.
+`Rounds` gathers a call's rounds as the engine answers them (a conditioned call has several);
+`finish` turns them into the answer: every field scored (`scoring`), calibrated against a
+content-free prior or by a fitted profile when one is given, assembled into the object.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from vllm_pcd.core.schema import SchemaSpec, to_json
 from vllm_pcd.core.scoring import Execution, FieldResult, Prior, assemble, calibrate, field_results
-from vllm_pcd.core.plan import Options, Plan
+from vllm_pcd.core.plan import Answered, Options, Plan
 from vllm_pcd.core.profiles import Profile
 
 
@@ -29,6 +29,31 @@ class Round:
     def scored(cls, plan: Plan, execution: Execution, options: Options) -> Round:
         return cls(plan, execution, field_results(plan, execution.branches,
                                                   options.normalization, options.decision))
+
+
+@dataclass
+class Rounds:
+    """A call's rounds as they are scored, and what the next one reads. A conditioned call
+    takes another round while its last plan leaves fields for later; the online and the
+    offline path both drive their calls by this rule, written here once."""
+
+    options: Options
+    done: list[Round] = field(default_factory=list)
+
+    def add(self, plan: Plan, execution: Execution) -> None:
+        self.done.append(Round.scored(plan, execution, self.options))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.done) and not self.done[-1].plan.leaves
+
+    @property
+    def answered(self) -> Answered:
+        """What the rounds so far settled: the next round's plan reads it."""
+        out = Answered()
+        for round_ in self.done:
+            out = out.then(round_.plan, round_.fields)
+        return out
 
 
 @dataclass(frozen=True)
