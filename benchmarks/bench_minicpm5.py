@@ -187,7 +187,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=100,
                         help="approximate conversation tokens of the cold requests")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--throughput-fields", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--throughput-fields", type=int, nargs="*", default=[8, 32],
+                        help="field counts of the documents/s cells (none: latency only)")
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--docs", type=int, default=32, help="documents a throughput cell")
     parser.add_argument("--head-reps", type=int, default=15)

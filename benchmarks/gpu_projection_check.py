@@ -15,6 +15,11 @@
    asks vLLM for the V1 runner on GPUs: vllm_pcd/internals/runner.py), and that an 8-field
    call over a long context computes exactly its ideal tokens (the fork); on whichever
    supported vLLM is installed, so a GPU host with 0.33 runs its adapter's served path;
+5. the release's own question on this GPU (unless `--skip-minicpm5`): the MiniCPM5-2B
+   stand-in (42 layers, random weights, written if missing with the default model's
+   tokenizer: `vllm_pcd.standin`) served, PCD against AR JSON and the floor at 3, 8 and 32
+   fields, cold (`benchmarks.bench_minicpm5`, results in docs/results/minicpm5-shape-gpu.json
+   beside the CPU's);
 then one summary line. Exits 0 when every check that could run passed, 1 when one failed, 2
 when there is no CUDA device.
 """
@@ -154,10 +159,32 @@ def check_served(model: Path) -> bool | None:
     return restricted and forked
 
 
+def check_minicpm5() -> bool | None:
+    """The stand-in served on this GPU, measured as the CPU measures it (no throughput cells:
+    the cold latencies are the release's comparison). None when it cannot be written here
+    (its tokenizer comes from the default model, which a host without the registry lacks)."""
+    from benchmarks import bench_minicpm5
+    from vllm_pcd.models import minicpm5_shape
+
+    try:
+        minicpm5_shape()
+    except Exception as err:  # no default model to take the tokenizer from, no disk
+        print(f"MiniCPM5-2B stand-in skipped: it cannot be written here ({err})")
+        return None
+    results = bench_minicpm5.main(["--fields", "3", "8", "32", "--reps", "3",
+                                   "--throughput-fields", "--head-reps", "5",
+                                   "--out", "docs/results/minicpm5-shape-gpu.json"])
+    latency = [r for r in results["rows"] if r["table"] == "latency"]
+    return bool(latency) and all(r["pcd_token_s"] and r["ar_json_s"] for r in latency)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_projection_check")
     parser.add_argument("--model", type=Path, default=None,
                         help="model for the served check (default: the provisioned SmolLM2)")
+    parser.add_argument("--skip-minicpm5", action="store_true",
+                        help="leave out serving the 42-layer MiniCPM5-2B stand-in "
+                             "(benchmarks.bench_minicpm5, docs/results/minicpm5-shape-gpu.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (the CPU tests run the same kernels "
@@ -174,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = default_model_path()
     results["served"] = check_served(args.model)
+    if not args.skip_minicpm5:
+        results["minicpm5"] = check_minicpm5()
     failed = [k for k, v in results.items() if v is False]
     print("summary: " + ", ".join(f"{k} {'skipped' if v is None else 'ok' if v else 'FAIL'}"
                                   for k, v in results.items())
