@@ -1,6 +1,6 @@
 """Tables of measured figures in README.md and docs/, generated from the results files that
 the benchmarks wrote (`docs/results/<name>.json`), so a figure cannot drift from its
-measurement: `tests/test_docs.py` fails when a block differs from what its file renders.
+measurement: `tests/unit/test_docs.py` fails when a block differs from what its file renders.
 
 A block in a page:
     <!-- figures:schema-cost -->

@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (the CPU tests run the same kernels "
-              "under TRITON_INTERPRET=1: pytest tests/test_kernels.py tests/test_w4a8.py)")
+              "under TRITON_INTERPRET=1: pytest tests/engine/test_kernels.py "
+              "tests/engine/test_w4a8.py)")
         return 2
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")

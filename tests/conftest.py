@@ -78,6 +78,18 @@ def fp32_llm(model_path):
     yield llm
     del llm
 
+
+@pytest.fixture(scope="module")
+def reference_model(model_path):
+    """The FP32 reference: the default model in plain transformers, no KV cache
+    (`tests.helpers.reference_scores` reads it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return model.eval()
+
+
 API_KEY = "pcd-test-key"
 # One plugin server for the HTTP tests and the benchmark smoke test: the benchmarks' flags (the
 # dtype this CPU serves fastest, cached-token counts, xgrammar for the AR baseline) and an API

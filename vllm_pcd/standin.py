@@ -13,7 +13,7 @@ intermediate size 6144. A layer then holds q 2048x2048 + k, v 2x(256x2048) + o 2
 (9,437,184) + gate, up, down 3x(2048x6144) (37,748,736) + two RMSNorms (4,096) = 47,190,016
 parameters; x 42 + the final norm (2,048) = 1,981,982,720, the release's figure exactly. The
 remaining 534,773,760 = 2 x 130,560 x 2048: an embedding and an untied head of 130,560 rows.
-`tests/test_minicpm5_shape.py` checks this against transformers' own count of the config.
+`tests/server/test_minicpm5_shape.py` checks this against transformers' own count of the config.
 
 The tokenizer is the default model's (SmolLM2's ChatML tokens, 49,152 of them); the model's
 vocabulary is padded to 130,560 rows, so the full head costs what MiniCPM5-2B's does.

@@ -8,7 +8,7 @@
 Every step is the reference's IEEE operation in the reference's order: integer sums are exact,
 divisions use div_rn, and the kernels are compiled with enable_fp_fusion=False so that no
 multiply-add (acc + dot·scale, or the fraction x·m - trunc in the rounding) becomes an FMA.
-So the logits agree bit for bit: checked under TRITON_INTERPRET=1 by tests/test_w4a8.py, and
+So the logits agree bit for bit: checked under TRITON_INTERPRET=1 by tests/engine/test_w4a8.py, and
 on a GPU by benchmarks/gpu_projection_check.py.
 """
 

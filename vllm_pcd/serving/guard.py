@@ -4,7 +4,7 @@ must not touch, with a 400 naming the part, before vLLM's handlers see them:
   that sees every form (escaped keys, UTF-16, multipart, token-in routes) is vLLM's input
   validation (`internals.validation`);
 - a `structured_outputs` that is not an object: vLLM 0.32's request validators call `.get`
-  on it and answer a 500 (found by tests/test_hostile.py).
+  on it and answer a 500 (found by tests/server/test_hostile.py).
 Only POST bodies that spell either key are parsed, so an ordinary body (images included)
 costs one byte search. A refusal PCD raises inside vLLM's code (`internals.errors.client_error`)
 that a route lets escape is answered here with the same 400.

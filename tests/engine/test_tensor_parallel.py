@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,9 +40,9 @@ def answer(model, tp, out):
         cores = os.cpu_count() or 1
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % cores) for r in range(tp))
     path = out / f"tp{tp}.json"
-    run = subprocess.run([sys.executable, "-m", "tests.test_tensor_parallel", str(model), str(tp),
-                          str(path)], env=env, capture_output=True, text=True, timeout=900,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    run = subprocess.run([sys.executable, "-m", "tests.engine.test_tensor_parallel", str(model),
+                          str(tp), str(path)], env=env, capture_output=True, text=True,
+                         timeout=900, cwd=Path(__file__).resolve().parents[2])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     return json.loads(path.read_text())
 

@@ -14,8 +14,7 @@ import torch
 from safetensors import safe_open
 
 from tests.conftest import API_KEY, MESSAGE, SIX_FIELD_SCHEMA, computed_tokens, server_args
-from tests.test_fidelity import reference_candidate_sums, reference_scores
-from tests.test_server_e2e import pcd
+from tests.helpers import pcd, reference_candidate_sums, reference_scores
 from vllm_pcd import quantized_checkpoint as qc
 from vllm_pcd.core.plan import DEFAULT_FORMULATION, Options, build_plan
 from vllm_pcd.core.schema import parse_schema

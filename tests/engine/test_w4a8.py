@@ -3,7 +3,7 @@ the reference (exactly, interpreted), the FlagGems route against a fake and the 
 the option-set cache, and route selection on a simulated FlagOS host.
 
 Triton tests (names with "interpret") run in a TRITON_INTERPRET=1 subprocess; see
-tests/test_kernels.py.
+tests/engine/test_kernels.py.
 """
 
 import os

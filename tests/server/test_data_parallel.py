@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import API_KEY, MESSAGE, SERVER_ARGS, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from tests.test_server_e2e import own_tokens
+from tests.helpers import SYSTEMONE, own_tokens
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -63,8 +63,6 @@ def test_decision_requests_are_pinned_to_one_engine_each(dp_server, pcd_server):
     probabilities as the single-engine server, in 2 backbone calls each. One salt of their
     own makes each engine's first call cold, as the reference is: a prefix an earlier test
     cached in other batch shapes would move bf16 scores."""
-    from tests.test_decisions import SYSTEMONE
-
     salted = {**SYSTEMONE, "cache_salt": "dp-decision"}
     with httpx.Client(base_url=dp_server, headers=AUTH, timeout=300) as dp, \
             httpx.Client(base_url=pcd_server, headers=AUTH, timeout=300) as single:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
-from tests.test_decisions import DECISIONS, SYSTEMONE
+from tests.helpers import DECISIONS, SYSTEMONE
 from vllm_pcd.internals.handler import STRAY_SCHEMA
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

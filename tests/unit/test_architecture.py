@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Import package -> its folder (the projection code lives in kernels/, imported as
 # vllm_pcd_kernels so that Hugging Face's `kernels` keeps its name).
 PACKAGES = {"vllm_pcd": ROOT / "vllm_pcd",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PATCHES = ROOT / "patches"
 LOCK = json.loads((ROOT / "sources.lock.json").read_text(encoding="utf-8"))["sources"]
 ENV = "PCD_UPSTREAM_SRC"

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import MESSAGE
-from tests.test_decisions import DECISIONS, SYSTEMONE
+from tests.helpers import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
 from vllm_pcd.serving.decisions import systemone_request, to_schema

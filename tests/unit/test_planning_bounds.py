@@ -1,5 +1,5 @@
 """Planning is refused cheaply and early, and costs what the text costs once, not once per
-continuation (tokenizer only; the served bounds are in test_server_e2e)."""
+continuation (tokenizer only; the served bounds are in server/test_server_e2e)."""
 
 import asyncio
 

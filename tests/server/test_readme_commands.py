@@ -7,7 +7,7 @@ the backbone calls, the tokens and every field's scores. The quick-start request
 read from the README's fenced blocks and run against the suite's shared server (or its
 in-process engine), which serves the same plugin on the same model; where a line carries the
 value it shows in a comment (`expr   # value`), the run must give that value. `vllm run-batch`
-is run by tests/test_doors.py on the same kind of file the README's example writes.
+is run by tests/server/test_doors.py on the same kind of file the README's example writes.
 """
 
 import json
@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import API_KEY
+from tests.conftest import API_KEY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -183,7 +183,7 @@ def test_the_offline_example(fp32_llm, model_path, sdk_namespace):
 
 def test_the_run_batch_example_writes_a_pcd_batch_file(tmp_path, model_path):
     """The README's batch file is one chat line with a pcd_schema, the kind of line
-    tests/test_doors.py feeds `vllm run-batch`; the command is the same one."""
+    tests/server/test_doors.py feeds `vllm run-batch`; the command is the same one."""
     script = block("**`vllm run-batch`**", "bash")
     make, command = script.rsplit("\n", 2)[0], script.rstrip().splitlines()[-1]
     assert command.startswith("VLLM_PLUGINS=pcd vllm run-batch -i batch.jsonl -o answers.jsonl")

@@ -7,7 +7,7 @@ from tests.conftest import MESSAGE
 from vllm_pcd.core.scoring import RequestReport, field_results
 from vllm_pcd.core.plan import ConstantFieldPlan, Options, SequenceFieldPlan, build_plan
 from vllm_pcd.core.schema import SchemaError, parse_schema
-from tests.test_schema_forms import closed
+from tests.helpers import closed
 
 MESSAGES = [{"role": "user", "content": MESSAGE}]
 

@@ -34,9 +34,9 @@ SPLIT_SALT = "pcd-test-split-group"
 STALL_SALT = "pcd-test-stalled-branch"
 BOUND_S = 20  # the fault server's limits.max_request_seconds
 # A vLLM general plugin, loaded by vLLM's own plugin mechanism in the fault server only.
-FAULT_PLUGIN = f'''"""Written by tests/test_faults.py. Engine requests carrying these cache_salts, counted per
-salt (a PCD request's context is 1, its branches 2, 3, ...), misbehave inside
-AsyncLLM.add_request, before they reach the engine:
+FAULT_PLUGIN = f'''"""Written by tests/server/test_faults.py. Engine requests carrying these
+cache_salts, counted per salt (a PCD request's context is 1, its branches 2, 3, ...),
+misbehave inside AsyncLLM.add_request, before they reach the engine:
 - {FAULT_SALT!r}: the 3rd fails, as an engine fault would; vLLM aborts it and wraps the error;
 - {SPLIT_SALT!r}: every 3rd arrives 3 s late, so its admission group is split over a step;
 - {STALL_SALT!r}: every 2nd never arrives within a minute."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import MESSAGE
-from tests.test_fidelity import TOLERANCE
+from tests.helpers import SPLIT, SPLIT_MESSAGE, TOLERANCE
 from vllm_pcd import constrained
 from vllm_pcd.engine import TRIE_ENV, schedule
 from vllm_pcd.core.plan import (FieldPlan, Options, SequenceFieldPlan, build_plan,
@@ -153,13 +153,6 @@ def reference_greedy(model, shared, plan: SequenceFieldPlan) -> tuple[int, float
     return alive[0], gap
 
 
-# SmolLM2 gives `shipping` 0.43 and the two `billing_…` values 0.25 and 0.31 (0.56 together).
-SPLIT_MESSAGE = "My parcel never arrived."
-SPLIT = {"type": "object", "required": ["x"], "additionalProperties": False,
-         "properties": {"x": {"enum": ["shipping", "technical_issue", "billing_question",
-                                           "billing_dispute"]}}}
-
-
 @pytest.mark.parametrize("message, schema, splits", [(MESSAGE, TRICKY, 0), (SPLIT_MESSAGE, SPLIT, 1)])
 def test_greedy_decisions_follow_the_fp32_constrained_greedy_path(fp32_llm, reference_model,
                                                                   message, schema, splits):
@@ -190,13 +183,6 @@ def test_mean_normalisation_divides_by_value_tokens(fp32_llm):
     for fr in result.fields:
         for c in fr.diagnostics()["candidates"]:
             assert c["normalized"] == pytest.approx(c["logprob_sum"] / c["tokens"])
-
-
-@pytest.fixture(scope="module")
-def reference_model(model_path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
 
 def test_a_node_s_children_renormalised_together_across_its_chunks():

@@ -6,25 +6,13 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from tests.helpers import DECISIONS, SYSTEMONE
 from vllm_pcd.serving.decision_protocol import DecisionsRequest, SystemOneRequest
 from vllm_pcd.serving.decisions import (Read, check_cache_salt, decisions_request, decisions_response,
                                 systemone_request, systemone_response, to_schema)
 from vllm_pcd.core.schema import SchemaError, parse_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
-
-SYSTEMONE = {
-    "state": {"ticket": "My card was charged twice"},
-    "instructions": "You triage support tickets.",
-    "questions": {
-        "refund": {"type": "noul", "instructions": "Does the customer want money back?",
-                   "criteria": {"true": "asks for a refund"}},
-        "team": {"type": "choice", "instructions": "Which team should handle this?",
-                 "criteria": {"billing": "Payments and refunds", "tech": None}},
-        "urgency": {"type": "score", "instructions": "How urgent is it?",
-                    "criteria": ["low", "medium", "high"]},
-    },
-}
 
 
 def test_systemone_questions_become_one_closed_schema_and_a_chat():
@@ -98,23 +86,6 @@ def test_systemone_answers_have_vllms_keys_and_arithmetic():
     assert urgency["legend"] == {"0": "low", "1": "medium", "2": "high"}
     assert body["usage"] == {"input_tokens": 120, "output_tokens": 3}
     assert body["diagnostics"]["team"] == {"label_mass": 0.5, "argmax_is_label": False}
-
-
-DECISIONS = {
-    "model": "m",
-    "input": [{"role": "user", "content": [{"type": "input_text", "text": "Charged twice."},
-                                           {"type": "input_text", "text": "Refund please."}]},
-              {"role": "user", "content": "Order 1234."}],
-    "questions": [
-        {"type": "predicate", "name": "is_complaint", "instructions": "Is it a complaint?"},
-        {"type": "choice", "name": "topic", "instructions": "What is it about?",
-         "choices": [{"value": "billing", "description": "Payments"}, {"value": "shipping"}]},
-        {"type": "choice", "instructions": "Resolved?",
-         "choices": [{"value": False}, {"value": True, "description": "closed"}]},
-        {"type": "score", "name": "topic", "instructions": "How urgent?",
-         "levels": [{"label": "none"}, {"label": "high", "description": "today"}]},
-    ],
-}
 
 
 def test_decisions_questions_become_fields_named_after_them():

@@ -7,29 +7,12 @@ import pytest
 import torch
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from tests.test_decisions import SYSTEMONE
+from tests.helpers import SYSTEMONE, TOLERANCE, reference_candidate_sums, reference_scores
 from vllm_pcd import constrained
 from vllm_pcd.serving.decision_protocol import SystemOneRequest
 from vllm_pcd.serving.decisions import Read, systemone_answer, systemone_request, to_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
-
-TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def reference_model(model_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    return model.eval()
-
-
-def reference_scores(model, ids, code_ids):
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, -1].double()
-    allowed = torch.log_softmax(logits, -1)[list(code_ids)]
-    return (allowed - torch.logsumexp(allowed, 0)).tolist()
 
 
 @pytest.mark.parametrize("schema", [SUPPORT_SCHEMA, SIX_FIELD_SCHEMA], ids=["2-field", "6-field"])
@@ -69,18 +52,6 @@ def test_json_first_token_scores_match_fp32_reference(fp32_llm, reference_model,
         expected = (torch.tensor(sums) - torch.logsumexp(torch.tensor(sums), 0)).tolist()
         worst = max(abs(a - b) for a, b in zip(fr.scores, expected))
         assert worst < TOLERANCE, f"{fp.field.name}: {fr.scores} vs {expected}"
-
-
-def reference_candidate_sums(model, shared_ids, fp):
-    """Each candidate's full-vocabulary log-probability over its scored tokens."""
-    sums = []
-    for seq, start in zip(fp.candidates, fp.score_from):
-        with torch.no_grad():
-            logits = model(torch.tensor([[*shared_ids, *seq]])).logits[0].double()
-        logp = torch.log_softmax(logits, -1)
-        offset = len(shared_ids)
-        sums.append(sum(logp[offset + j - 1, seq[j]].item() for j in range(start, len(seq))))
-    return sums
 
 
 def test_a_decision_request_matches_the_fp32_reference(fp32_llm, reference_model):

@@ -2,7 +2,6 @@
 it, only that request's own tokens, whatever the block size; scores stay exact against an
 FP32 transformers forward over the whole prompt, and no block leaks."""
 
-import math
 import time
 
 import pytest
@@ -11,7 +10,7 @@ from vllm.inputs import TokensPrompt
 
 from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
 from tests.conftest import CPU_BLOCK_SIZE, MESSAGE, SUPPORT_SCHEMA, computed_tokens
-from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
+from tests.helpers import TOLERANCE, assert_branch_matches_reference, partial_tail_text, spread
 from vllm_pcd import constrained
 from vllm_pcd.engine import branch_params, microbatches, prefill_params
 from vllm_pcd.internals import fork, tags
@@ -37,20 +36,6 @@ def idle_free_blocks(llm):
 
 def block_size(llm):
     return scheduler(llm).kv_cache_manager.pcd_fork.block_size
-
-
-def spread(n, k=4):
-    """Up to k indices from first to last."""
-    return sorted({i * (n - 1) // max(k - 1, 1) for i in range(k)})
-
-
-def assert_branch_matches_reference(model, prompt_ids, token_ids, got, label):
-    """One request's log-probabilities (`got`: token id → log-probability), renormalised over
-    its wanted tokens, equal those of a transformers FP32 forward over its whole prompt."""
-    expected = reference_scores(model, list(prompt_ids), token_ids)
-    norm = math.log(sum(math.exp(got[t]) for t in token_ids))
-    worst = max(abs(got[t] - norm - e) for t, e in zip(token_ids, expected))
-    assert worst < TOLERANCE, f"request {label}: {got} vs {expected}"
 
 
 def assert_scores_match_reference(model, result, indices):
@@ -170,14 +155,6 @@ def test_aborted_requests_release_every_block(fp32_llm, tokenizer):
     assert free_blocks(fp32_llm) == idle_free_blocks(fp32_llm)
 
 
-def partial_tail_text(tokenizer, schema, size):
-    """A ticket whose shared context ends inside a block: the tail every branch forks."""
-    text = f"{synthetic_ticket(tokenizer, 300)} {MESSAGE}"
-    while len(build_plan(tokenizer, parse_schema(schema), as_messages(text)).shared_ids) % size == 0:
-        text += " a"
-    return text
-
-
 def run_until_done(engine, ids):
     outputs = {}
     while engine.has_unfinished_requests():
@@ -244,7 +221,7 @@ CHILD = """
 import json, sys
 from benchmarks.bench_latency import synthetic_schema
 from tests.conftest import CPU_BLOCK_SIZE
-from tests.test_fork import partial_tail_text
+from tests.helpers import partial_tail_text
 from vllm_pcd import constrained
 
 
@@ -284,7 +261,7 @@ def test_the_fork_is_exact_across_processes(model_path, reference_model, tmp_pat
 
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_PLUGINS": "pcd",
            "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(root)}
     run = subprocess.run([sys.executable, str(script), str(model_path)], cwd=root, env=env,

@@ -5,7 +5,7 @@ twice."""
 import pytest
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA
-from tests.test_fidelity import reference_candidate_sums, reference_model  # noqa: F401,F811
+from tests.helpers import reference_candidate_sums
 from vllm_pcd import constrained
 from vllm_pcd.core.plan import Answered, Options, build_plan, conditions
 from vllm_pcd.core.schema import SchemaError, parse_schema

@@ -9,92 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.soak import metric_value
-from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
+from tests.conftest import API_KEY, MESSAGE
+from tests.helpers import BASE, mutations
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
 
 MAX_ERROR_CHARS = 400
-BASE = SUPPORT_SCHEMA
-junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
-                    | st.text(max_size=30),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-nasty_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=80)
-
-
-def _mutations():
-    """Strategies, each producing a (chat_template_kwargs, request extras) that must be refused."""
-    def schema_with(**changes):
-        raw = copy.deepcopy(BASE)
-        raw.update(changes)
-        return raw
-
-    def field(value, name="f"):
-        raw = copy.deepcopy(BASE)
-        raw["properties"][name] = value
-        raw["required"].append(name)
-        return raw
-
-    def kwargs(schema, **more):
-        return {"pcd_schema": schema, **more}
-
-    many = st.integers(33, 80).map(lambda n: {f"f{i}": {"type": "boolean"} for i in range(n)})
-    return [
-        junk.filter(lambda v: not isinstance(v, dict)).map(kwargs),
-        st.dictionaries(st.text(max_size=10), junk, max_size=5).map(kwargs),
-        st.sampled_from(["array", "string", None, 3, ["object"]]).map(
-            lambda t: kwargs(schema_with(type=t))),
-        st.sampled_from([True, None, {}, "false", 0]).map(
-            lambda v: kwargs(schema_with(additionalProperties=v))),
-        junk.filter(lambda v: not (isinstance(v, dict) and v)).map(
-            lambda v: kwargs(schema_with(properties=v))),
-        st.sampled_from([["topic"], [], "topic", ["topic", "topic", "refund_requested"],
-                         ["topic", "refund_requested", "x"]]).map(
-            lambda r: kwargs(schema_with(required=r))),
-        st.sampled_from([{"type": "number"}, {"type": "integer"}, {"type": "string"},
-                         {"type": "integer", "minimum": 1}, {"type": ["string", "null"]},
-                         {"type": "array", "items": {"type": "boolean"}},
-                         {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
-                         {"type": "object", "properties": {"x": {"type": "boolean"}}},
-                         {"$ref": "#/x"}, {"$ref": "#/$defs/missing"},
-                         {"anyOf": [{"type": "string"}]},
-                         {"type": "string", "enum": ["a"], "pattern": "a"},
-                         {"type": "string", "format": "date"}]).map(lambda f: kwargs(field(f))),
-        st.lists(nasty_text, max_size=6).filter(
-            lambda xs: not xs or len(set(xs)) < len(xs) or any(not x.strip() for x in xs)
-            or any(any(ord(c) < 32 and c != "\t" for c in x) for x in xs)
-        ).map(lambda xs: kwargs(field({"type": "string", "enum": xs}))),
-        st.lists(junk.filter(lambda v: isinstance(v, (list, dict))), min_size=1,
-                 max_size=4).map(lambda xs: kwargs(field({"enum": xs}))),
-        st.integers(257, 400).map(lambda n: kwargs(field({"enum": [f"v{i}" for i in range(n)]}))),
-        st.integers(300, 3000).map(lambda n: kwargs(field({"enum": ["a", "x" * n]}))),
-        many.map(lambda props: kwargs(schema_with(properties=props, required=list(props)))),
-        st.sampled_from(["$ref", "allOf", "patternProperties", "dependentSchemas", "if",
-                         "minProperties"]).map(
-            lambda k: kwargs(schema_with(**{k: {}}))),
-        st.integers(1001, 20000).map(
-            lambda n: kwargs(field({"type": "boolean", "description": "ignore all rules " * n}))),
-        junk.filter(lambda v: not isinstance(v, str) and v is not None).map(
-            lambda d: kwargs(field({"type": "boolean", "description": d}))),
-        st.sampled_from(["", "x" * 65, "a\nb", "\x00"]).map(
-            lambda name: kwargs(field({"type": "boolean"}, name))),
-        junk.filter(lambda v: v not in ("token", "sequence")).map(
-            lambda m: kwargs(field({"type": "boolean", "x-pcd-mode": m}))),
-        junk.filter(lambda v: v not in ("token", "sequence")).map(
-            lambda m: kwargs(BASE, pcd_mode=m)),
-        junk.filter(lambda v: v not in ("sum", "mean")).map(
-            lambda m: kwargs(BASE, pcd_normalization=m)),
-        junk.filter(lambda v: v not in ("json", "codes")).map(
-            lambda m: kwargs(BASE, pcd_formulation=m)),
-        st.integers(2, 40).map(lambda depth: kwargs(field(_deep(depth)))),
-    ]
-
-
-def _deep(depth):
-    node = {"type": "boolean"}
-    for _ in range(depth):
-        node = {"type": "object", "properties": {"x": node}}
-    return node
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +55,7 @@ def test_a_thousand_hostile_schemas_are_refused_before_the_engine(http, model):
 
     @settings(max_examples=1000, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(st.one_of(_mutations()))
+    @given(st.one_of(mutations()))
     def refused(chat_kwargs):
         assert_refused(post(http, model, chat_kwargs))
         seen.append(1)

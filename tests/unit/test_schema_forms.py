@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel
 
+from tests.helpers import closed
 from vllm_pcd.core.schema import Limits, SchemaError, option_index, parse_schema, value_at
 from vllm_pcd.core.scoring import FieldResult, assemble
 
@@ -45,11 +46,6 @@ class Ticket(BaseModel):
     stars: Stars
     escalate_to: Optional[Literal["legal", "sales"]]
     customer: Customer
-
-
-def closed(properties):
-    return {"type": "object", "additionalProperties": False, "required": list(properties),
-            "properties": properties}
 
 
 def every_object(spec, limit=200):

@@ -9,25 +9,13 @@ import pytest
 from tests.conftest import (API_KEY, CPU_BLOCK_SIZE, MESSAGE, SERVER_ARGS,
                             PROFILE_TEMPERATURE, PROFILED_SCHEMA, SIX_FIELD_SCHEMA,
                             SUPPORT_SCHEMA, computed_tokens)
+from tests.helpers import own_tokens, pcd
 from vllm_pcd.core.plan import Options, build_plan
 from vllm_pcd.launch import serve
 from vllm_pcd.pipeline import as_messages
 from vllm_pcd.core.schema import parse_schema
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too
-
-
-def pcd(client, schema, content=MESSAGE, extra_kwargs=None, **extra):
-    return client.chat.completions.create(
-        model=client.models.list().data[0].id, messages=[{"role": "user", "content": content}],
-        extra_body={"chat_template_kwargs": {"pcd_schema": schema, **(extra_kwargs or {})},
-                    **extra})
-
-
-def own_tokens(tokenizer, schema):
-    """Shared context once, then each token-mode request's own tokens (a boolean's three
-    requests each recompute its short stem: they run in one step)."""
-    return computed_tokens(build_plan(tokenizer, parse_schema(schema), as_messages(MESSAGE)))
 
 
 @pytest.mark.parametrize("schema", [SUPPORT_SCHEMA, SIX_FIELD_SCHEMA], ids=["2-field", "6-field"])
@@ -161,7 +149,7 @@ def test_a_greedy_decision_over_http_keeps_the_scores_and_follows_the_shared_tok
     values share their first token, so greedy takes the likelier of them whenever their
     stepwise sum (the first token's probability among the values' first tokens) beats each
     other value, and the stepwise likeliest value otherwise."""
-    from tests.test_sequence import SPLIT, SPLIT_MESSAGE
+    from tests.helpers import SPLIT, SPLIT_MESSAGE
 
     default, greedy = (pcd(client, SPLIT, SPLIT_MESSAGE, options, cache_salt="decision")
                        for options in ({"pcd_decision": "most_probable"}, {}))

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import MESSAGE, SUPPORT_SCHEMA
-from tests.test_decisions import DECISIONS, SYSTEMONE
+from tests.helpers import DECISIONS, SYSTEMONE
 from vllm_pcd.compat import vllm_version
 from vllm_pcd.launch import serve
 

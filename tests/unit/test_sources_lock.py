@@ -8,7 +8,7 @@ import pytest
 
 from vllm_pcd import compat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "sources.lock.json"
 REQUIRED = ("repository", "commit", "ref", "version", "tested_here", "note")
 HEX40 = re.compile(r"[0-9a-f]{40}")

@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.test_fidelity import reference_model  # noqa: F401
-from tests.test_fork import assert_branch_matches_reference, spread
+from tests.helpers import assert_branch_matches_reference, spread
 
 BLOCK_SIZE = 32
 
@@ -48,7 +48,7 @@ def test_the_fork_is_exact_at_32_token_blocks(model_path, reference_model):
            "VLLM_CPU_KVCACHE_SPACE": "1"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(model_path), str(BLOCK_SIZE)],
                           env=env, capture_output=True, text=True, timeout=900,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=Path(__file__).resolve().parents[2])
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     report = json.loads(lines[-1].removeprefix("RESULT "))

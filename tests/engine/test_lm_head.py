@@ -10,7 +10,7 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from tests.conftest import MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA
-from tests.test_fidelity import TOLERANCE, reference_model, reference_scores  # noqa: F401
+from tests.helpers import TOLERANCE, reference_scores
 from vllm_pcd import constrained
 from vllm_pcd.core.plan import Options, build_plan
 from vllm_pcd.engine import branch_params

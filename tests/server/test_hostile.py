@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from benchmarks.soak import engine_state, is_idle, wait_until_idle
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
-from tests.test_decisions import DECISIONS, SYSTEMONE
-from tests.test_reliability import _mutations, junk
+from tests.helpers import DECISIONS, SYSTEMONE, junk, mutations
 
 EXAMPLES = 1000
 TAG_KEYS = ["pcd", "pcd_group", "pcd_group_size", "pcd_shared", "pcd_allowed", "PCD_x",
@@ -117,7 +116,7 @@ def hostile_body(draw):
         elif part == "sampling":
             body.update(draw(sampling))
         elif part == "schema" and route == "pcd":
-            body["chat_template_kwargs"] = draw(st.one_of(_mutations()))
+            body["chat_template_kwargs"] = draw(st.one_of(mutations()))
     return route, bounded(body)
 
 

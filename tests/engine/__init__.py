@@ -1,0 +1,1 @@
+"""Tests that build a vLLM engine in process (or in a child process of their own)."""

@@ -1,0 +1,1 @@
+"""Tests that start a served process: `vllm serve`, `vllm run-batch`, the demo."""

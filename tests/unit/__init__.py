@@ -1,0 +1,1 @@
+"""Pure tests: no vLLM engine and no served process."""
