@@ -153,6 +153,19 @@ def test_two_runs_are_compared_case_by_case(tmp_path):
     assert lines[-1].startswith("pooled public: field +50.0")
 
 
+def test_two_runs_scores_agree_where_their_most_probable_values_do():
+    from benchmarks.compare_runs import agreement
+
+    log = math.log
+    source = {"c0": {"ok": [log(0.9), log(0.1)]}, "c1": {"ok": [log(0.6), log(0.4)]}}
+    moved = {"c0": {"ok": [log(0.8), log(0.2)]}, "c1": {"ok": [log(0.3), log(0.7)]}}
+    runs = [{"tasks": {"t": {"scores": {"m": scores}}}} for scores in (source, moved)]
+    line, = agreement(runs[0], "m", runs[1], "m")
+    assert line.startswith("t: 1/2 fields agree (50.0%)")
+    # per option apart: 0.1, 0.1, 0.3, 0.3
+    assert line.endswith("median 0.2000, largest 0.3000")
+
+
 YES_NO = {"type": "object", "properties": {"answer": {"type": "boolean"}},
           "required": ["answer"], "additionalProperties": False}
 
