@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from benchmarks.client import load_tokenizer
 from vllm_pcd.engine import TRIE_ENV
 from vllm_pcd.internals.fork import ENV

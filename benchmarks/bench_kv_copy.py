@@ -88,7 +88,7 @@ def engine_calls(model: str, fields: int, docs: int, reps: int) -> dict[str, Any
     from vllm import LLM
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+    from benchmarks.workloads import synthetic_schema, synthetic_ticket
     from benchmarks.client import load_tokenizer
     from vllm_pcd import constrained
 

@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from benchmarks.client import load_tokenizer
 from vllm_pcd.models import default_model_path
 

@@ -23,12 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.bench_steps import OPERATORS, run_fields, step_parser, timed_steps
-
-
-def tickets(tokenizer: Any, docs: int, seed: int) -> list[str]:
-    from benchmarks.bench_latency import synthetic_ticket
-
-    return [synthetic_ticket(tokenizer, 100 + (i * 37) % 150, seed=seed + i) for i in range(docs)]
+from benchmarks.workloads import tickets
 
 
 def calls(llm: Any, model: str, fields: int, docs: int) -> dict[str, Callable[[int], None]]:
@@ -36,7 +31,7 @@ def calls(llm: Any, model: str, fields: int, docs: int) -> dict[str, Callable[[i
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.bench_latency import synthetic_schema
+    from benchmarks.workloads import synthetic_schema
     from benchmarks.client import load_tokenizer, make_task
     from benchmarks.route_methods import floor_ids
     from vllm_pcd import constrained

@@ -32,7 +32,8 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks import bench_throughput
-from benchmarks.bench_latency import RESULTS, measure_cell, synthetic_schema, synthetic_ticket
+from benchmarks.bench_latency import RESULTS, measure_cell
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from benchmarks.bench_schema_cost import machine
 from benchmarks.client import Client, Task, load_tokenizer, make_task
 from benchmarks.harness import add_server_flags, provenance, server, serving_note

@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
-from benchmarks.bench_latency import RESULTS, synthetic_schema
+from benchmarks.bench_latency import RESULTS
+from benchmarks.workloads import synthetic_schema
 from benchmarks.bench_throughput import documents
 from benchmarks.client import Client, load_tokenizer, make_task
 from benchmarks.harness import (measure_and_publish, panel_row, provenance, save_figure,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from benchmarks.bench_loaded_steps import tickets
+from benchmarks.workloads import tickets
 from benchmarks.bench_steps import run_fields, step_parser
 
 ARMS = ("kv", "fixed")
@@ -58,7 +58,7 @@ def one_call(llm: Any, texts: list[str], schema: dict[str, Any], arm: str) -> di
 
 
 def measure(llm: Any, model: str, fields: int, docs: list[int], reps: int) -> dict[str, Any]:
-    from benchmarks.bench_latency import synthetic_schema
+    from benchmarks.workloads import synthetic_schema
     from benchmarks.client import load_tokenizer
     from vllm_pcd import constrained, pipeline
 

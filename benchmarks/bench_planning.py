@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from benchmarks.client import load_tokenizer
 from vllm_pcd.core.plan import Options, Plan, build_plan, in_context
 from vllm_pcd.core.schema import parse as schema_module, parse_schema

@@ -93,7 +93,7 @@ def measure(llm: Any, model: str, fields: int, context: int, reps: int, operator
     from vllm.inputs import TokensPrompt
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+    from benchmarks.workloads import synthetic_schema, synthetic_ticket
     from benchmarks.client import load_tokenizer, make_task
     from benchmarks.route_methods import floor_ids
     from vllm_pcd import constrained

@@ -24,7 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.bench_latency import RESULTS, synthetic_schema, synthetic_ticket
+from benchmarks.bench_latency import RESULTS
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from benchmarks.harness import (measure_and_publish, panel_row, provenance, save_figure,
                                 server_parser)
 from benchmarks.client import Client, Outcome, Task, load_tokenizer, make_task

@@ -96,7 +96,7 @@ def assert_branch_matches_reference(model, prompt_ids, token_ids, got, label):
 
 def partial_tail_text(tokenizer, schema, size):
     """A ticket whose shared context ends inside a block: the tail every branch forks."""
-    from benchmarks.bench_latency import synthetic_ticket
+    from benchmarks.workloads import synthetic_ticket
     from vllm_pcd.pipeline import as_messages
 
     text = f"{synthetic_ticket(tokenizer, 300)} {MESSAGE}"

@@ -16,7 +16,7 @@ BLOCK_SIZE = 32
 SCRIPT = """
 import json, sys
 from vllm import LLM
-from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from tests.conftest import computed_tokens
 from vllm_pcd import constrained
 

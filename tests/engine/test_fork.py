@@ -8,7 +8,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
-from benchmarks.bench_latency import synthetic_schema, synthetic_ticket
+from benchmarks.workloads import synthetic_schema, synthetic_ticket
 from tests.conftest import CPU_BLOCK_SIZE, MESSAGE, SUPPORT_SCHEMA, computed_tokens
 from tests.helpers import TOLERANCE, assert_branch_matches_reference, partial_tail_text, spread
 from vllm_pcd import constrained
@@ -219,7 +219,7 @@ def test_siblings_of_an_aborted_and_a_preempted_branch_stay_exact(fp32_llm, toke
 
 CHILD = """
 import json, sys
-from benchmarks.bench_latency import synthetic_schema
+from benchmarks.workloads import synthetic_schema
 from tests.conftest import CPU_BLOCK_SIZE
 from tests.helpers import partial_tail_text
 from vllm_pcd import constrained

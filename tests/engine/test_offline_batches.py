@@ -7,8 +7,8 @@ from unittest import mock
 
 import pytest
 
-from benchmarks.bench_latency import synthetic_schema
-from benchmarks.bench_loaded_steps import tickets
+from benchmarks.workloads import synthetic_schema
+from benchmarks.workloads import tickets
 from vllm_pcd import constrained, pipeline
 from vllm_pcd.core.plan import Plan, Scoring
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from benchmarks import (bench_latency, bench_neighbours, bench_refusals, bench_throughput,
-                        evaluate)
+                        evaluate, workloads)
 from benchmarks.client import Client, load_tokenizer, make_task
 from benchmarks.methods import run_method
 from tests.conftest import API_KEY
@@ -40,7 +40,7 @@ def check_status(method, status):
 
 def test_baselines_compute_the_tokens_pcd_plans(url, model_path):
     """The client-side plan (used by per_field and floor) is the one the server computes."""
-    schema = bench_latency.synthetic_schema(3)
+    schema = workloads.synthetic_schema(3)
     task = make_task(load_tokenizer(model_path), schema,
                      [{"role": "user", "content": "My router is broken, I want a refund."}])
 

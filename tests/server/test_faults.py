@@ -11,8 +11,8 @@ import uuid
 import httpx
 import pytest
 
-from benchmarks.bench_latency import synthetic_ticket
-from benchmarks.soak import engine_state, is_idle, metric_value, wait_until_idle
+from benchmarks.workloads import synthetic_ticket
+from benchmarks.engine_state import engine_state, is_idle, metric_value, wait_until_idle
 from tests.conftest import API_KEY, MESSAGE, SIX_FIELD_SCHEMA, SUPPORT_SCHEMA, server_args
 
 pytestmark = pytest.mark.vllm024  # runs on vLLM 0.24 (FlagOS hosts) too

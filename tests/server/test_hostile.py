@@ -14,7 +14,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.soak import engine_state, is_idle, wait_until_idle
+from benchmarks.engine_state import engine_state, is_idle, wait_until_idle
 from tests.conftest import API_KEY, MESSAGE, SUPPORT_SCHEMA
 from tests.helpers import DECISIONS, SYSTEMONE, junk, mutations
 

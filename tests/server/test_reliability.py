@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.soak import metric_value
+from benchmarks.engine_state import metric_value
 from tests.conftest import API_KEY, MESSAGE
 from tests.helpers import BASE, mutations
 
