@@ -11,8 +11,8 @@ if [ "${PCD_VLLM:-0.32.0}" = 0.24.0 ]; then
   venv=${PCD_VENV:-$repo/.venv-0.24}
   # What runs on FlagOS hosts' vLLM: the test files marked `vllm024` (end to end, fidelity,
   # the fork and its copy-on-write, the restricted head, admission, hostile input, every door,
-  # the decision routes, neighbours, structured outputs, offline batches, the package's shape
-  # and its neighbours in site-packages).
+  # the decision routes, neighbours, structured outputs, offline batches, W4A8-G128 checkpoints,
+  # the package's shape and its neighbours in site-packages).
   default_tests=tests
   select=(-m vllm024)
 else
