@@ -31,11 +31,11 @@ class Options:
     applies to sequence-mode values; `calibration="content_free"` divides out the schema's
     content-free prior. `joint` answers the fields in schema order, each reading the values
     chosen before it (`conditioning`). `decision` chooses each field's value from its
-    scores (`scoring.decision`). `full_vocabulary` keeps the stock LM head for every scoring, so each
-    field also reports its options' mass over the whole vocabulary (the decision routes ask
-    for it; a client of the chat route cannot). `formulation` and `layout` are given by name
-    and held resolved (`prompt.Formulation`, `prompt.Layout`), so nothing below compares
-    their names."""
+    scores (`scoring.decision`). `full_vocabulary` keeps the stock LM head for every scoring,
+    so each field also reports its options' mass over the whole vocabulary (the decision
+    routes ask for it; a client of the chat route cannot). `formulation` and `layout` are
+    given by name and held resolved (`prompt.Formulation`, `prompt.Layout`), so nothing below
+    compares their names."""
 
     mode: str = "token"
     normalization: str = "sum"
@@ -66,9 +66,8 @@ class Options:
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The named options as a request writes them (JSON: a formulation or layout by name)."""
-        values = {name: getattr(self, name) for name in names}
-        return {name: v.name if isinstance(v, (Formulation, Layout)) else v
-                for name, v in values.items()}
+        return {name: getattr(self, name).name if name in _RESOLVED else getattr(self, name)
+                for name in names}
 
     @classmethod
     def from_template_kwargs(cls, kwargs: dict[str, Any]) -> Options:

@@ -43,7 +43,7 @@ class Formulation:
 
     @classmethod
     def named(cls, name: str) -> Formulation:
-        return _BY_NAME[name]
+        return _FORMULATIONS_BY_NAME[name]
 
     @property
     def codes(self) -> bool:
@@ -99,7 +99,7 @@ FORMULATIONS = (
     Formulation("codes", CODES_HEADER, False),
     Formulation("choice", JSON_HEADER, False, space="", raw=True),
 )
-_BY_NAME = {f.name: f for f in FORMULATIONS}
+_FORMULATIONS_BY_NAME = {f.name: f for f in FORMULATIONS}
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ LAYOUTS = (
     Layout("bare", bare=True),
 )
 _LAYOUTS_BY_NAME = {layout.name: layout for layout in LAYOUTS}
-FORMULATION_NAMES = tuple(_BY_NAME)
+FORMULATION_NAMES = tuple(_FORMULATIONS_BY_NAME)
 LAYOUT_NAMES = tuple(_LAYOUTS_BY_NAME)
 # Picked on the public tasks (benchmarks.evaluate, Qwen2.5-Coder-1.5B, 900 cases): unique
 # prefixes 60.9% field accuracy, the newline terminator 56.5% (it leans to `false` there:
