@@ -1,16 +1,17 @@
 """One PCD call from schema to typed object: plan (core) → engine → result (core).
 
 Shared by the offline API (`constrained`, a `vllm.LLM`) and the API server (`answer_online`,
-its `EngineClient`), so both answer identically; a content-free prior takes the same path
-in both (`calibration.PriorCache.pending`), and so do fitted calibration profiles, which
-both read from `additional_config.pcd.calibration_profiles` (`profiles_of`).
+its `EngineClient`), so both answer identically: both drive the same round rule
+(`core.result.CallRounds`, which also asks a content-free prior where one is needed), and
+both read fitted calibration profiles from `additional_config.pcd.calibration_profiles`
+(`profiles_of`). They differ only in how plans are made and run: a batch of documents at
+once offline, one document awaited online.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 import threading
 import time
@@ -21,13 +22,11 @@ from typing import Any, Callable, Iterator, Sequence
 from vllm.logger import init_logger
 
 from vllm_pcd import internals
-from vllm_pcd.core.scoring import (PendingPrior, PriorCache, RunningPriors, batch_prior,
-                                   content_free_messages, too_few)
-from vllm_pcd.core.plan import (KEYS, Answered, Options, Plan, build_plan, common_prefix,
-                                read_values)
+from vllm_pcd.core.scoring import PriorCache, RunningPriors, batch_prior, too_few
+from vllm_pcd.core.plan import KEYS, Answered, Options, Plan, build_plan, common_prefix
 from vllm_pcd.core.config import pcd_config
 from vllm_pcd.core.profiles import ProfileBook, matches_model, read_profiles
-from vllm_pcd.core.result import PCDResult, Round, Rounds, finish
+from vllm_pcd.core.result import Ask, CallRounds, PCDResult, finish
 from vllm_pcd.core.schema import Limits, SchemaError, SchemaSpec, parse_schema
 from vllm_pcd.engine import kv_room, run_offline, run_online
 from vllm_pcd.internals.lm_head import configured_route
@@ -202,34 +201,17 @@ def constrained(llm: Any, documents: Conversation | Sequence[Conversation],
     results = []
     todo = list(documents) if many else [documents]
     for docs, plans, plan_s in batches(todo, plan_of, kv_room(llm), len(spec.fields)):
-        # One prior per distinct content-free conversation (the documents' system turns).
-        empties = [json.dumps(content_free_messages(as_messages(doc)), sort_keys=True)
-                   for doc in docs]
-        priors: dict[str, PendingPrior] = {}
-        if options.calibration == "content_free":
-            priors = {text: PRIORS.pending(plan_of(json.loads(text)), options.normalization,
-                                           cache_salt) for text in dict.fromkeys(empties)}
-        missing = [text for text, p in priors.items() if p.cached is None]
-        executions = run_offline(llm, plans + [priors[t].plan for t in missing],
-                                 branches_per_batch=limits.max_branches_per_batch,
-                                 cache_salt=cache_salt)
-        ran = dict(zip(missing, executions[len(plans):]))
-        resolved = {text: p.resolve(ran.get(text)) for text, p in priors.items()}
-        calls = [Rounds(options) for _ in plans]
-        for call, plan, execution in zip(calls, plans, executions):
-            call.add(plan, execution)
-        # A conditioned round of every document that has one, submitted together.
-        while todo_now := [(k, call) for k, call in enumerate(calls) if not call.complete]:
+        call = CallRounds(options, [as_messages(doc) for doc in docs], PRIORS, cache_salt)
+        first = dict(enumerate(plans))  # the first round's document plans, made by `batches`
+        while not call.complete:
             start = time.perf_counter()
-            later = [plan_of(as_messages(docs[k]), call.answered) for k, call in todo_now]
+            now = [first.pop(ask.document) if ask.document in first
+                   else plan_of(ask.conversation, ask.answered) for ask in call.asks()]
             plan_s += (time.perf_counter() - start) / len(plans)
-            for (_, call), plan, execution in zip(todo_now, later, run_offline(
-                    llm, later, branches_per_batch=limits.max_branches_per_batch,
-                    cache_salt=cache_salt)):
-                call.add(plan, execution)
-        results += [finish(spec, call.done, plan_s, route, resolved.get(empty),
-                           read_values(spec, options.joint, call.answered.values), profile)
-                    for call, empty in zip(calls, empties)]
+            call.add(run_offline(llm, [plan for _, plan in call.to_run(now)],
+                                 branches_per_batch=limits.max_branches_per_batch,
+                                 cache_salt=cache_salt))
+        results += call.answers(spec, plan_s, route, profile)
     if options.calibration == "batch":
         results = calibrated_by_batch(spec, results, route)
     return results if many else results[0]
@@ -289,52 +271,43 @@ async def answer_online(online: Online, spec: SchemaSpec, messages: list[dict[st
                             spec, conversation, options, limits, call.template_kwargs,
                             call.chat_template)
 
-    def execute(plan: Plan, rid: str | None) -> Any:
+    def execute(ask: Ask, plan: Plan) -> Any:
         return run_online(online.engine, plan, branches_per_batch=limits.max_branches_per_batch,
-                          request_id=rid, cache_salt=call.cache_salt,
-                          data_parallel_rank=call.data_parallel_rank)
+                          request_id=call.request_id and f"{call.request_id}{ask.suffix}",
+                          cache_salt=call.cache_salt, data_parallel_rank=call.data_parallel_rank)
 
-    start = time.perf_counter()
-    plan = await plan_of(messages)
-    plan_s = time.perf_counter() - start
-    prior = execution = None
-    if options.calibration == "content_free":
-        pending = PRIORS.pending(await plan_of(content_free_messages(messages)),
-                                 options.normalization, call.cache_salt)
-        if pending.cached is None:
-            async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the other
-                document = group.create_task(execute(plan, call.request_id))
-                empty = group.create_task(execute(pending.plan, call.request_id
-                                                  and f"{call.request_id}-prior"))
-            execution = document.result()
-            prior = pending.resolve(empty.result())
-        else:
-            prior = pending.resolve()
-    if execution is None:
-        execution = await execute(plan, call.request_id)
-    rounds = Rounds(options)
-    rounds.add(plan, execution)
+    async def execute_all(run: list[tuple[Ask, Plan]]) -> list[Any]:
+        """A round's plans (a document's, and its prior's on a cache miss) in the same
+        engine steps."""
+        if len(run) == 1:
+            return [await execute(*run[0])]
+        async with asyncio.TaskGroup() as group:  # one failing cancels (aborts) the others
+            tasks = [group.create_task(execute(ask, plan)) for ask, plan in run]
+        return [task.result() for task in tasks]
+
+    rounds = CallRounds(options, [messages], PRIORS, call.cache_salt)
+    plan_s = 0.0
     while not rounds.complete:
         start = time.perf_counter()
-        plan = await plan_of(messages, rounds.answered)
+        plans = [await plan_of(ask.conversation, ask.answered) for ask in rounds.asks()]
         plan_s += time.perf_counter() - start
-        rid = call.request_id and f"{call.request_id}-r{len(rounds.done)}"
-        rounds.add(plan, await execute(plan, rid))
-    conditioned = read_values(spec, options.joint, rounds.answered.values)
-    if options.calibration == "batch":
-        return by_running_batch(online, spec, rounds.done, plan_s, options, call, conditioned)
-    return finish(spec, rounds.done, plan_s, online.projection_route, prior, conditioned,
-                  online.profiles.find(spec, options))
+        rounds.add(await execute_all(rounds.to_run(plans)))
+    if options.calibration == "batch":  # the running estimate is read after the rounds
+        plain, = rounds.answers(spec, plan_s, online.projection_route)
+        return by_running_batch(online, spec, plain, options, call)
+    answer, = rounds.answers(spec, plan_s, online.projection_route,
+                             online.profiles.find(spec, options))
+    return answer
 
 
-def by_running_batch(online: Online, spec: SchemaSpec, rounds: Sequence[Round], plan_s: float,
-                     options: Options, call: Call, conditioned: Any) -> PCDResult:
+def by_running_batch(online: Online, spec: SchemaSpec, plain: PCDResult, options: Options,
+                     call: Call) -> PCDResult:
     """The document feeds its tenant's running estimate for this schema and options, then is
     calibrated by it; while the estimate is younger than MIN_DOCUMENTS the answer stays
     uncalibrated and says so."""
-    plain = finish(spec, rounds, plan_s, online.projection_route, None, conditioned)
     size, prior = online.batch_priors.observe((call.tenant, spec, options), plain.fields)
     if prior is None:
         return replace(plain, calibration={**too_few(size), "estimate": "running"})
-    done = finish(spec, rounds, plan_s, online.projection_route, prior, conditioned)
+    done = finish(spec, plain.rounds, plain.plan_s, online.projection_route, prior,
+                  plain.conditioned)
     return replace(done, calibration={**done.calibration, "estimate": "running"})

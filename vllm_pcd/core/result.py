@@ -1,19 +1,27 @@
 """A PCD call's answer: the typed object, each field's result, and what it cost.
 
-`Rounds` gathers a call's rounds as the engine answers them (a conditioned call has several);
-`finish` turns them into the answer: every field scored (`scoring`), calibrated against a
-content-free prior or by a fitted profile when one is given, assembled into the object.
+`CallRounds` is the one round rule of a call, for one document or many, without I/O: what
+the next round plans (a conditioned field waits for the values it reads; a content-free prior
+rides along with the first round), what of it the engine runs (a cached prior is not run),
+and, once every document is complete, the answers. The offline and the online path drive it
+alike. `finish` turns a document's rounds into its answer: every field scored (`scoring`),
+calibrated against a prior or by a fitted profile when one is given, assembled into the
+object.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from vllm_pcd.core.schema import SchemaSpec, to_json
-from vllm_pcd.core.scoring import Execution, FieldResult, Prior, assemble, calibrate, field_results
-from vllm_pcd.core.plan import Answered, Options, Plan
+from vllm_pcd.core.scoring import (Execution, FieldResult, PendingPrior, Prior, PriorCache,
+                                   assemble, calibrate, content_free_messages, field_results)
+from vllm_pcd.core.plan import Answered, Options, Plan, read_values
 from vllm_pcd.core.profiles import Profile
+
+Conversation = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -33,9 +41,8 @@ class Round:
 
 @dataclass
 class Rounds:
-    """A call's rounds as they are scored, and what the next one reads. A conditioned call
-    takes another round while its last plan leaves fields for later; the online and the
-    offline path both drive their calls by this rule, written here once."""
+    """One document's rounds as they are scored, and what the next one reads: another round
+    while the last plan leaves fields for later."""
 
     options: Options
     done: list[Round] = field(default_factory=list)
@@ -54,6 +61,103 @@ class Rounds:
         for round_ in self.done:
             out = out.then(round_.plan, round_.fields)
         return out
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One plan the next round needs: a document's (`document`, its position) at `round`,
+    or the content-free prior of `prior` (a key of `CallRounds`)."""
+
+    conversation: Conversation
+    answered: Answered
+    document: int | None = None
+    round: int = 0
+    prior: str | None = None
+
+    @property
+    def suffix(self) -> str:
+        """What tells this ask's engine requests from the call's first ones."""
+        return "-prior" if self.prior is not None else f"-r{self.round}" if self.round else ""
+
+
+class CallRounds:
+    """Every document's rounds in one PCD call, driven without I/O by the offline and the
+    online path alike::
+
+        while not call.complete:
+            plans = [plan(ask) for ask in call.asks()]
+            call.add(execute(call.to_run(plans)))
+        answers = call.answers(spec, ...)
+
+    Under content-free calibration the first round also asks one prior per distinct
+    content-free conversation (the documents' system turns); a prior found in `priors` is not
+    run again."""
+
+    def __init__(self, options: Options, conversations: Sequence[Conversation],
+                 priors: PriorCache, cache_salt: str | None = None):
+        self.options = options
+        self.conversations = list(conversations)
+        self.documents = [Rounds(options) for _ in self.conversations]
+        self._priors, self._salt = priors, cache_salt
+        self._empty_of = [json.dumps(content_free_messages(c), sort_keys=True)
+                          for c in self.conversations] \
+            if options.calibration == "content_free" else []
+        self._pending: dict[str, PendingPrior] = {}
+        self._resolved: dict[str, Prior] = {}
+        self._asked: list[Ask] = []
+        self._running: list[tuple[Ask, Plan]] = []
+
+    @property
+    def complete(self) -> bool:
+        return all(d.complete for d in self.documents)
+
+    def asks(self) -> list[Ask]:
+        """The next round's plans to build, documents first."""
+        if not self.documents[0].done:
+            self._asked = [Ask(c, Answered(), k) for k, c in enumerate(self.conversations)]
+            self._asked += [Ask(json.loads(key), Answered(), prior=key)
+                            for key in dict.fromkeys(self._empty_of)]
+        else:
+            self._asked = [Ask(self.conversations[k], d.answered, k, len(d.done))
+                           for k, d in enumerate(self.documents) if not d.complete]
+        return self._asked
+
+    def to_run(self, plans: Sequence[Plan]) -> list[tuple[Ask, Plan]]:
+        """Given the plans of `asks()` in order, what the engine runs this round."""
+        if len(plans) != len(self._asked):
+            raise ValueError(f"{len(self._asked)} asks, {len(plans)} plans")
+        self._running = []
+        for ask, plan in zip(self._asked, plans):
+            if ask.prior is not None:
+                pending = self._priors.pending(plan, self.options.normalization, self._salt)
+                self._pending[ask.prior] = pending
+                if pending.cached is not None:
+                    self._resolved[ask.prior] = pending.resolve()
+                    continue
+            self._running.append((ask, plan))
+        return self._running
+
+    def add(self, executions: Sequence[Execution]) -> None:
+        """The engine's reports of `to_run`'s plans, in order."""
+        if len(executions) != len(self._running):
+            raise ValueError(f"{len(self._running)} plans run, {len(executions)} reports")
+        for (ask, plan), execution in zip(self._running, executions):
+            if ask.prior is not None:
+                self._resolved[ask.prior] = self._pending[ask.prior].resolve(execution)
+            else:
+                self.documents[ask.document].add(plan, execution)
+        self._asked, self._running = [], []
+
+    def answers(self, spec: SchemaSpec, plan_s: float, projection_route: str | None = None,
+                profile: Profile | None = None) -> list[PCDResult]:
+        """Each document's answer, calibrated by its prior where one was asked, else by
+        `profile`; `plan_s` is the planning time per document."""
+        if not self.complete:
+            raise ValueError("a document still has rounds to run")
+        priors = [self._resolved[key] for key in self._empty_of] or [None] * len(self.documents)
+        return [finish(spec, d.done, plan_s, projection_route, prior,
+                       read_values(spec, self.options.joint, d.answered.values), profile)
+                for d, prior in zip(self.documents, priors)]
 
 
 @dataclass(frozen=True)
