@@ -3,7 +3,8 @@ fitted profile, against AR JSON, on the cases of `benchmarks.evaluate` runs.
 
     python -m benchmarks.calibration_methods RUN.json [RUN.json …] [--out RESULTS.json]
 
-A run must hold `pcd_token` (the default) and `ar_json`, and may hold `pcd_token_cf`. The two
+A run must hold `pcd_token` (the default) and `ar_json`, and may hold `pcd_token_cf` and,
+for multi-field tasks, `pcd_token_joint` (each field conditioned on the ones before it). The two
 calibrations that need no engine call are computed here from the scores the default returned,
 with the product's own functions: batch calibration (`core.scoring.batch`: each task's
 documents of one schema are one batch, as the offline API computes it; a task whose options
@@ -23,16 +24,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks import public_data, tasks
-from benchmarks.metrics import (Case, balanced_accuracy, confidences, field_accuracy,
-                                gold_label, paired_bootstrap, percentile, true_share)
+from benchmarks.metrics import (Case, balanced_accuracy, confidences, exact_accuracy,
+                                field_accuracy, gold_label, paired_bootstrap, percentile,
+                                true_share)
 from vllm_pcd.core.schema import option_index, parse_schema, value_at
 from vllm_pcd.core.scoring import (FieldResult, Row, assemble, batch_prior, calibrate,
                                    expected_calibration_error)
 from vllm_pcd.core.plan import Options
 from vllm_pcd.core.profiles import MIN_CASES, fit_profile
 
-DEFAULT, CONTENT_FREE, BASELINE = "pcd_token", "pcd_token_cf", "ar_json"
-METHODS = ["default", "content_free", "batch", "ar_json"]
+DEFAULT, CONTENT_FREE, JOINT, BASELINE = "pcd_token", "pcd_token_cf", "pcd_token_joint", "ar_json"
+METHODS = ["default", "content_free", "batch", "joint", "ar_json"]
 FLAG_ACCURACY = 0.9  # the accuracy unflagged answers should reach (`low_confidence`)
 
 Answers = dict[str, Any]   # case id → object (or a failure's status)
@@ -129,8 +131,9 @@ def task_methods(task: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str,
     out = {"default": (answers[DEFAULT], scores[DEFAULT]),
            "batch": by_batch(cases, answers[DEFAULT], scores[DEFAULT]),
            "ar_json": (answers[BASELINE], {})}
-    if CONTENT_FREE in answers:
-        out["content_free"] = (answers[CONTENT_FREE], scores[CONTENT_FREE])
+    for name, method in (("content_free", CONTENT_FREE), ("joint", JOINT)):
+        if method in answers:
+            out[name] = (answers[method], scores[method])
     return out
 
 
@@ -156,12 +159,15 @@ def summary(cases: list[dict[str, Any]], methods: dict[str, Any]) -> dict[str, A
     rows: dict[str, Any] = {"cases": len(cases), "gold_true_share": true_share(gold, gold=True)}
     base = scored(cases, methods["default"][0])
     ar = scored(cases, methods["ar_json"][0])
+    multi = len(cases[0]["schema"]["properties"]) > 1
     for name, (answers, scores) in methods.items():
         got = scored(cases, answers)
         points = confidences(got, [scores.get(c["id"]) for c in cases]) if scores else []
         rows[name] = {"field": field_accuracy(got), "balanced": balanced_accuracy(got),
-                      **({"by_field": by_field(cases, answers)}
-                         if len(cases[0]["schema"]["properties"]) > 1 else {}),
+                      "exact": exact_accuracy(got),
+                      **({"by_field": by_field(cases, answers),
+                          "exact_vs_ar": paired_bootstrap(got, ar, exact=True)
+                          if name != "ar_json" else None} if multi else {}),
                       "true_share": true_share(got),
                       "ece": expected_calibration_error(points) if points else None,
                       "vs_default": paired_bootstrap(got, base) if name != "default" else None,
@@ -258,8 +264,8 @@ def _delta(d: dict[str, float] | None) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    head = ("| task | cases | method | field | balanced | true (gold) | ECE | Δ vs default | "
-            "Δ vs AR JSON |\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| task | cases | method | field | exact | balanced | true (gold) | ECE | "
+            "Δ vs default | Δ vs AR JSON |\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     rows = [(name, r) for name, r in results["tasks"].items()] + \
         [(f"**pooled: {g}** ({r['tasks']} tasks)", r) for g, r in results["pooled"].items()]
@@ -271,7 +277,7 @@ def table(results: dict[str, Any]) -> str:
             true = f"{_pct(x['true_share'])} ({_pct(r['gold_true_share'])})" \
                 if x["true_share"] is not None else "-"
             lines.append(f"| {name} | {r['cases']} | {m} | {_pct(x['field'])} | "
-                         f"{_pct(x['balanced'])} | {true} | "
+                         f"{_pct(x.get('exact'))} | {_pct(x['balanced'])} | {true} | "
                          f"{'-' if x['ece'] is None else format(x['ece'], '.3f')} | "
                          f"{_delta(x['vs_default'])} | {_delta(x['vs_ar'])} |")
     return "\n".join(lines)
@@ -301,6 +307,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 shares = ", ".join(f"{v} {100 * a:.0f}% (gold {100 * g:.0f}%)"
                                    for v, (a, g) in f["shares"].items())
                 print(f"{name} {m} {field}: {_pct(f['accuracy'])}; {shares}")
+            if (r.get(m) or {}).get("exact_vs_ar"):
+                print(f"{name} {m} exact objects {_pct(r[m]['exact'])}, − AR "
+                      f"{_delta(r[m]['exact_vs_ar'])}")
     for group, r in results["pooled"].items():
         for m in METHODS:
             if m in r and m != "default":

@@ -5,7 +5,8 @@ and the above-chance test read what they claim."""
 import math
 import random
 
-from benchmarks.calibration_methods import above_chance, by_batch, coverage_curve
+from benchmarks.calibration_methods import (above_chance, by_batch, coverage_curve, summary,
+                                           task_methods)
 
 SCHEMA = {"type": "object", "properties": {"section": {"type": "string", "enum": [
     "news", "sport", "tech"]}}, "required": ["section"], "additionalProperties": False}
@@ -54,3 +55,19 @@ def test_above_chance_tells_a_prior_from_reading():
     cases, answers, _ = synthetic(60, bias=0.0)
     leaning = {c["id"]: {"section": "news"} for c in cases}
     assert above_chance(cases, answers) and not above_chance(cases, leaning)
+
+
+def test_a_multi_field_task_reports_exact_objects_and_the_joint_method_beside_the_default():
+    schema = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+              "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}}}
+    cases = [{"id": f"m-{k}", "schema": schema, "expected": {"a": k % 2 == 0, "b": k % 3 == 0}}
+             for k in range(12)]
+    right = {c["id"]: dict(c["expected"]) for c in cases}
+    one_off = {c["id"]: {**c["expected"], "b": not c["expected"]["b"]} if k < 6
+               else dict(c["expected"]) for k, c in enumerate(cases)}
+    task = {"answers": {"pcd_token": one_off, "pcd_token_joint": right, "ar_json": one_off},
+            "scores": {"pcd_token": {}, "pcd_token_joint": {}}}
+    rows = summary(cases, task_methods(task, cases))
+    assert rows["default"]["field"] == 0.75 and rows["default"]["exact"] == 0.5
+    assert rows["joint"]["exact"] == 1.0 and rows["joint"]["exact_vs_ar"]["difference"] == 0.5
+    assert rows["default"]["by_field"]["b"]["accuracy"] == 0.5
