@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also fit again on K other seeded splits and print the spread")
     parser.add_argument("--options", default="{}", help="PCD options, as JSON keywords")
     add_objective(parser)
+    parser.add_argument("--flag-below-accuracy", type=float, default=0.9, metavar="A",
+                        help="each profile's `low_confidence` threshold, chosen on its fitting "
+                             "half so that unflagged answers are right A of the time")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "calibration")
     args = parser.parse_args(argv)
@@ -147,8 +150,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for group, items in scored.items():
         print(f"## {group}: {', '.join(groups.get(group) or [])}", file=text)
         profiles, points = calibrate(args.model, items, options, seed=args.seed,
-                                     objective=args.choose_by, out=text)
+                                     objective=args.choose_by, out=text,
+                                     flag_below_accuracy=args.flag_below_accuracy)
         tasks += [{"group": group, "fields": list(p.fields), **p.held_out} for p in profiles]
+        for p in profiles:
+            flags = p.held_out["low_confidence"]
+            right = flags["accuracy_above"]
+            kept = "-" if right is None else f"{100 * right:.1f}%"
+            print(f"{'':30s} {','.join(p.fields)[:24]}: below {flags['threshold']:.2f} flagged "
+                  f"{100 * flags['share']:.1f}%, unflagged right {kept}", file=text)
         pooled[group] = {"uncalibrated": summary(points["none"]),
                          "profile": summary(points["profile"])}
         for key in every:
