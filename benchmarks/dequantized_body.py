@@ -10,7 +10,8 @@ weights dequantized (int4 times the group's scale) into a plain checkpoint of th
 On x86 vLLM runs a W4A8 body through PyTorch's portable 4-bit kernel (minutes a prompt for a
 1.5B model), so its answers cannot be measured over a data set here. Serving the dequantized
 weights measures the error the format puts in the weights, with vLLM's ordinary BF16 path.
-The per-token INT8 activations are not emulated: their error is not in these figures.
+The per-token INT8 activations are not emulated here: `benchmarks.activation_error` measures
+their share on the same dequantized body.
 """
 
 from __future__ import annotations
