@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,9 +29,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import public_data
-from benchmarks.harness import provenance
-from benchmarks.client import load_tokenizer
-from benchmarks.quantized_quality import (RESULTS, branch_hiddens, compare, load_model,
+from benchmarks.quantized_quality import (RESULTS, branch_hiddens, compare, forward_report,
                                           route_fields, served)
 from vllm_pcd.calibrate import paired_difference
 from vllm_pcd.core.plan import Options, build_plan
@@ -116,19 +112,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS / "activation_error.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    report = {"model": args.model, "data": args.data, "limit": args.limit,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": provenance(),
-              **measure(load_model(args.model), load_tokenizer(args.model),
-                        public_data.load(args.data, args.limit), progress=True)}
-    report["elapsed_s"] = round(time.perf_counter() - start, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(table(report))
-    print(f"wrote {args.out}")
-    return report
-
+    return forward_report(args, {"data": args.data, "limit": args.limit}, measure,
+                          public_data.load(args.data, args.limit), table)
 
 if __name__ == "__main__":
     main()

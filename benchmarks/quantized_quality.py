@@ -22,7 +22,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -203,20 +203,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+def forward_report(args: argparse.Namespace, header: dict[str, Any],
+                   measure: Callable[..., dict[str, Any]], cases: list[dict[str, Any]],
+                   table: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """`measure` over the model's transformers forward on `cases`, its report written to
+    `args.out` with what ran it, and its table printed."""
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    report = {"model": args.model, "data": str(args.data),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": provenance(),
-              **measure(load_model(args.model), load_tokenizer(args.model),
-                        load_cases(args.data, args.limit), progress=True)}
+    report = {"model": args.model, **header, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "code": provenance(), **measure(load_model(args.model),
+                                              load_tokenizer(args.model), cases, progress=True)}
     report["elapsed_s"] = round(time.perf_counter() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(table(report))
     print(f"wrote {args.out}")
     return report
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return forward_report(args, {"data": str(args.data)}, measure,
+                          load_cases(args.data, args.limit), table)
 
 
 if __name__ == "__main__":
