@@ -115,5 +115,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return forward_report(args, {"data": args.data, "limit": args.limit}, measure,
                           public_data.load(args.data, args.limit), table)
 
+
 if __name__ == "__main__":
     main()

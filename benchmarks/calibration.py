@@ -51,6 +51,11 @@ def summary(points: list[tuple[float, bool]]) -> dict[str, Any]:
             "reliability": reliability(points)}
 
 
+def both(points: dict[str, list[tuple[float, bool]]]) -> dict[str, Any]:
+    """A pool's held-out summary without a map and with the profiles."""
+    return {"uncalibrated": summary(points["none"]), "profile": summary(points["profile"])}
+
+
 Groups = list[tuple[dict[str, Any], dict[str, list[Row]]]]
 
 
@@ -159,8 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             kept = "-" if right is None else f"{100 * right:.1f}%"
             print(f"{'':30s} {','.join(p.fields)[:24]}: below {flags['threshold']:.2f} flagged "
                   f"{100 * flags['share']:.1f}%, unflagged right {kept}", file=text)
-        pooled[group] = {"uncalibrated": summary(points["none"]),
-                         "profile": summary(points["profile"])}
+        pooled[group] = both(points)
         for key in every:
             every[key] += points[key]
         print(f"{'':30s} ECE floor at this size: {pooled[group]['profile']['ece_floor']:.3f}",
@@ -172,8 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(scored) > 1:
         print(f"## every task\n{report('pooled', every['none'], every['profile'], 'per schema')}"
               f"\n{'':30s} ECE floor at this size: {ece_floor(every['profile']):.3f}", file=text)
-        pooled["every task"] = {"uncalibrated": summary(every["none"]),
-                                "profile": summary(every["profile"])}
+        pooled["every task"] = both(every)
     results = {"model": args.model, "dtype": args.dtype, "groups": groups,
                "limit": args.limit, "exclude": args.exclude, "seed": args.seed,
                "options": args.options, "choose_by": args.choose_by,
