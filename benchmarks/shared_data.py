@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from benchmarks.public_data import DATA_FOLDER, _grouped, boolean, case, enum
+from benchmarks.public_data import _grouped, boolean, case, data_folder, enum
 
 SICK_LABELS = ["entailment", "neutral", "contradiction"]
 _YES_NO = {"yes": True, "no": False, "true": True, "false": False, "valid": True,
@@ -31,7 +30,7 @@ _CHOICE = re.compile(r"^\(([A-R])\)\s*(.+)$")
 
 def folder() -> Path:
     """The data folder, or an error saying where it was looked for and how to point at it."""
-    path = Path(os.environ.get("PCD_DATA", DATA_FOLDER))
+    path = data_folder()
     if not path.is_dir():
         raise FileNotFoundError(f"no labelled data at {path}: set PCD_DATA to the folder "
                                 "holding sick2014/, sms-spam/ and bbh/ (../shared/data.md)")
